@@ -1,11 +1,11 @@
 // kvtierctl: the operator's view of a running kvtierd.
 
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
-
-#include <google/protobuf/util/json_util.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,9 +17,12 @@ namespace {
 
 const char* PoolName(v1::PoolKind kind) {
   switch (kind) {
-    case v1::POOL_KIND_DDR: return "ddr (T1)";
-    case v1::POOL_KIND_COMPRESSED: return "compressed (T2)";
-    default: return "?";
+    case v1::POOL_KIND_DDR:
+      return "ddr (T1)";
+    case v1::POOL_KIND_COMPRESSED:
+      return "compressed (T2)";
+    default:
+      return "?";
   }
 }
 
@@ -39,8 +42,8 @@ std::string StatusTable(const v1::GetStatusResponse& s) {
   t.AddRow({"HBM saved", HumanBytes(s.hbm_saved_bytes())});
   for (const auto& p : s.pools()) {
     t.AddRow({absl::StrCat("pool ", PoolName(p.kind())),
-              absl::StrCat(HumanBytes(p.used_bytes()), " / ", HumanBytes(p.capacity_bytes()),
-                           " (", Percent(p.used_bytes(), p.capacity_bytes()), ")")});
+              absl::StrCat(HumanBytes(p.used_bytes()), " / ", HumanBytes(p.capacity_bytes()), " (",
+                           Percent(p.used_bytes(), p.capacity_bytes()), ")")});
   }
   return t.Render();
 }

@@ -21,10 +21,14 @@ inline constexpr int kNumTiers = 4;
 
 constexpr std::string_view TierName(Tier t) {
   switch (t) {
-    case Tier::kT0: return "T0";
-    case Tier::kT1: return "T1";
-    case Tier::kT2: return "T2";
-    case Tier::kT3: return "T3";
+    case Tier::kT0:
+      return "T0";
+    case Tier::kT1:
+      return "T1";
+    case Tier::kT2:
+      return "T2";
+    case Tier::kT3:
+      return "T3";
   }
   return "T?";
 }

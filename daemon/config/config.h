@@ -16,7 +16,7 @@ enum class LogLevel { kDebug, kInfo, kWarning, kError };
 
 struct ServerOptions {
   std::string socket_path = "/run/kvtier/kvtierd.sock";
-  std::string tcp_address;  // empty = off; loopback only
+  std::string tcp_address;                         // empty = off; loopback only
   std::string metrics_address = "127.0.0.1:9464";  // empty = off
   LogLevel log_level = LogLevel::kInfo;
   absl::Duration reap_interval = absl::Milliseconds(500);

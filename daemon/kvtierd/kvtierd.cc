@@ -1,6 +1,8 @@
 // kvtierd: the node-level KV memory-tier daemon. See README.md and deploy/kvtierd.toml.
 
 #include <grp.h>
+#include <grpcpp/grpcpp.h>
+#include <prometheus/exposer.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -13,9 +15,6 @@
 #include <mutex>
 #include <optional>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
-#include <prometheus/exposer.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock/clock.h"
@@ -121,8 +120,7 @@ class Reaper {
 int Serve(const Flags& flags, DaemonConfig config) {
   Logger log(config.server.log_level);
   log.Info(absl::StrCat("starting kvtierd ", KVTIER_VERSION, " (config: ",
-                        flags.config_path.empty() ? "built-in defaults" : flags.config_path,
-                        ")"));
+                        flags.config_path.empty() ? "built-in defaults" : flags.config_path, ")"));
   if (auto s = PrepareUnixSocketPath(config.server.socket_path); !s.ok()) {
     log.Error(std::string(s.message()));
     return 1;
@@ -219,8 +217,9 @@ int main(int argc, char** argv) {
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  CLI::App app{"kvtierd: the kvtier node daemon. Owns the host's DDR and compressed KV pools and "
-               "answers workers' scoring snapshots with tier plans."};
+  CLI::App app{
+      "kvtierd: the kvtier node daemon. Owns the host's DDR and compressed KV pools and "
+      "answers workers' scoring snapshots with tier plans."};
   Flags flags;
   app.add_option("-c,--config", flags.config_path, "TOML config file (default: built-in defaults)");
   app.add_option("--socket", flags.socket, "Unix socket path (overrides server.socket)");

@@ -6,8 +6,8 @@ namespace kvtier::daemon {
 namespace {
 
 template <typename Response>
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx,
-                                 absl::StatusOr<Response> result, Response* response) {
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, absl::StatusOr<Response> result,
+                                 Response* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (result.ok()) *response = *std::move(result);
   reactor->Finish(rpc::ToGrpcStatus(result.status()));

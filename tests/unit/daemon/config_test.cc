@@ -69,8 +69,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"[policy]\nhbm_ratio = 1.5\n", "policy.hbm_ratio"},
                       BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
                       BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},
-                      BadCase{"socket = \"/x\"\n", "socket"},
-                      BadCase{"[server\n", "bad.toml:1"}));
+                      BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
 
 TEST(ConfigTest, ErrorsCarryTheLineNumber) {
   auto c = ParseConfig("[server]\nsocket = \"/x\"\n\n[leases]\nttl_ms = -3\n", "f.toml");
