@@ -159,6 +159,7 @@ TEST(WorkersTest, WorkerReRegistersAfterDaemonRestart) {
   }
   EXPECT_GT((*w)->client().generation(), generation);
   EXPECT_TRUE((*w)->client().connected());
+  (*w)->Forget(*id);  // the new daemon does not know it
   auto fresh = (*w)->Open();
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE((*w)->Step(*fresh, 200).ok());

@@ -49,6 +49,8 @@ class SimWorker {
   // set only grows). Any violation is an INTERNAL error describing it.
   absl::Status Step(int i, uint64_t tokens);
   absl::Status Close(int i);
+  // Drops sequence `i` locally without telling the daemon (it forgot it in a restart).
+  void Forget(int i) { sequences_.erase(i); }
   WorkerClient& client() { return *client_; }
   const SimStats& stats() const { return stats_; }
   size_t open_sequences() const { return sequences_.size(); }
