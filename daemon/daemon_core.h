@@ -19,19 +19,20 @@ class Metrics;
 
 // Settings the core needs (the daemon's TOML config carries them; see deploy/kvtierd.toml).
 struct CoreOptions {
-  uint64_t ddr_pool_bytes = 1ull << 30;         // T1 pool size
+  uint64_t ddr_pool_bytes = 1ull << 30;           // T1 pool size
   uint64_t compressed_pool_bytes = 512ull << 20;  // T2 pool size
-  std::string shm_prefix = "/kvtier";           // POSIX shm names start with this
-  std::string shm_group;                        // group owning the segments ("" = process gid)
+  std::string shm_prefix = "/kvtier";             // POSIX shm names start with this
+  std::string shm_group;                          // group owning the segments ("" = process gid)
   uint32_t shm_mode = 0660;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
   uint32_t max_workers = 256;
   uint32_t max_sequences_per_worker = 1024;
-  uint64_t worker_ddr_quota_bytes = 0;          // 0 = no per-worker quota
+  uint64_t worker_ddr_quota_bytes = 0;  // 0 = no per-worker quota
   uint64_t worker_compressed_quota_bytes = 0;
-  std::string listen_address;                   // shown in status
-  std::string metrics_address;                  // shown in status
+  std::string listen_address;   // shown in status
+  std::string metrics_address;  // shown in status
+  uint64_t daemon_epoch = 0;    // 0 = random per start (tests may fix it)
 };
 
 // Owns the pools, the registry of workers and sequences, and the leases. Thread-safe: every
