@@ -91,7 +91,8 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
                                        absl::Span<const Tier> current,
                                        const ProtectedPages& protected_pages, uint32_t page_tokens,
                                        uint64_t length, const Budgets& budgets, uint32_t group,
-                                       absl::Span<Tier> out, std::vector<uint64_t>* scratch) {
+                                       absl::Span<Tier> out, std::vector<uint64_t>* scratch,
+                                       SelectMethod method) {
   const uint64_t n = protected_pages.num_pages;
   if (scores.size() != n || out.size() != n || current.size() > n) {
     return absl::InvalidArgumentError(absl::StrCat("group ", group, ": page_scores has ",
@@ -153,7 +154,11 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
   const uint64_t t0 = std::min(t0_room, survivors - t2);
   // keys ascending: [0, a) T3, [a, b) T2, [b, c) T1, [c, live) T0.
   const size_t a = new_evictions, b = a + t2, c = live - t0;
-  PartitionAt(keys, a, b, c);
+  if (method == SelectMethod::kFullSort) {
+    std::sort(keys.begin(), keys.end());
+  } else {
+    PartitionAt(keys, a, b, c);
+  }
   for (size_t i = 0; i < live; ++i) {
     const Tier t = i < a ? Tier::kT3 : i < b ? Tier::kT2 : i < c ? Tier::kT1 : Tier::kT0;
     out[static_cast<uint32_t>(keys[i])] = t;

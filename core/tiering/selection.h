@@ -56,6 +56,10 @@ struct GroupStats {
 // floor(floor(r × candidate_pages × page_tokens) / page_tokens).
 uint64_t TargetEvictedPages(double evict_ratio, uint64_t candidate_pages, uint32_t page_tokens);
 
+// How SelectGroup ranks: partial selection (the default, O(n)) or a full sort (O(n log n)),
+// kept for the benchmark's comparison and as a cross-check in tests. Same result.
+enum class SelectMethod : uint8_t { kNthElement = 0, kFullSort = 1 };
+
 // Decides the tiers of one group's pages.
 //   scores   one score per page (size protected.num_pages), higher = more important; finite.
 //   current  the group's current tiers; may be shorter than num_pages (pages written since
@@ -70,7 +74,8 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
                                        absl::Span<const Tier> current,
                                        const ProtectedPages& protected_pages, uint32_t page_tokens,
                                        uint64_t length, const Budgets& budgets, uint32_t group,
-                                       absl::Span<Tier> out, std::vector<uint64_t>* scratch);
+                                       absl::Span<Tier> out, std::vector<uint64_t>* scratch,
+                                       SelectMethod method = SelectMethod::kNthElement);
 
 // A key whose unsigned order is the order of (score, page): the float's bits made monotone in
 // the high word, the page in the low word. Exposed for the benchmark's full-sort baseline.
