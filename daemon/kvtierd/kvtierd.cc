@@ -3,6 +3,7 @@
 #include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <prometheus/exposer.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -193,7 +194,8 @@ int Serve(const Flags& flags, DaemonConfig config) {
     }
     log.set_level(fresh->server.log_level);
     (*core)->Reload(fresh->core);
-    log.Info(absl::StrCat("SIGHUP: reloaded limits and log level (", LogLevelName(log.level()),
+    log.Info(absl::StrCat("SIGHUP: reloaded limits and log level (",
+                          std::string(LogLevelName(log.level())),
                           "); pools, socket, metrics, leases and policy defaults need a "
                           "restart"));
   }
