@@ -176,6 +176,27 @@ TEST(HierarchyPropertyTest, MatchesFullSortModelAndKeepsEveryInvariant) {
   }
 }
 
+// The partial selection and the full sort decide identically (ties broken by page).
+TEST(HierarchyPropertyTest, NthElementAndFullSortAgree) {
+  std::mt19937_64 rng(99);
+  for (int i = 0; i < 500; ++i) {
+    const Scenario s = RandomScenario(rng);
+    const uint64_t length = s.prompt + std::uniform_int_distribution<uint64_t>(1, 3000)(rng);
+    const SequenceState seq{.prompt_tokens = s.prompt, .length = length};
+    const ProtectedPages prot = HierarchyProtectedPages(s.config, seq);
+    std::vector<float> scores(prot.num_pages);
+    std::uniform_int_distribution<int> tie(0, 5);
+    for (float& x : scores) x = static_cast<float>(tie(rng));
+    std::vector<Tier> a(prot.num_pages), b(prot.num_pages);
+    auto sa = SelectGroup(scores, {}, prot, s.ref.page_tokens, length, s.config.budgets, 0,
+                          absl::MakeSpan(a), nullptr, SelectMethod::kNthElement);
+    auto sb = SelectGroup(scores, {}, prot, s.ref.page_tokens, length, s.config.budgets, 0,
+                          absl::MakeSpan(b), nullptr, SelectMethod::kFullSort);
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    ASSERT_EQ(a, b) << "scenario " << i;
+  }
+}
+
 // The evicted fraction of eligible tokens never exceeds r, whatever the number of re-tierings
 // (the published prototype's per-round fraction compounded to ~23% at "3%").
 TEST(HierarchyPropertyTest, EvictionDoesNotCompoundOverRounds) {
