@@ -102,7 +102,9 @@ TEST(H2oTest, RandomizedRunsAreMonotoneAndHoldTheBudget) {
       for (uint32_t l = 0; l < layers; ++l) {
         for (uint32_t h = 0; h < kv_heads; ++h) {
           for (uint64_t i = 0; i < mask.length; ++i) {
-            if (!mask.Kept(l, h, i)) ASSERT_FALSE(next->Kept(l, h, i)) << "resurrected " << i;
+            if (!mask.Kept(l, h, i)) {
+              ASSERT_FALSE(next->Kept(l, h, i)) << "resurrected " << i;
+            }
           }
           uint64_t outside = 0;
           for (uint64_t i = 0; i + recent < n; ++i) outside += next->Kept(l, h, i);

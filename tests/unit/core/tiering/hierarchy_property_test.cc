@@ -89,7 +89,9 @@ void CheckPlan(const Placement& current, const Placement& target) {
     ASSERT_NE(m.from, m.to);
     ASSERT_EQ(m.lossy, m.from == Tier::kT2);
     if (m.to == Tier::kT0) promoted = true;
-    if (m.from == Tier::kT0) ASSERT_FALSE(promoted) << "demotion after a promotion";
+    if (m.from == Tier::kT0) {
+      ASSERT_FALSE(promoted) << "demotion after a promotion";
+    }
     t0 += (m.to == Tier::kT0) - (m.from == Tier::kT0);
     ASSERT_LE(t0, limit);
   }
@@ -130,11 +132,15 @@ void RunScenario(const Scenario& s, std::mt19937_64& rng, int rounds) {
       ASSERT_EQ(got, ref.tiers) << "group " << g << " length " << length;
       // Protected pages never leave T0.
       for (uint32_t p = 0; p < pages; ++p) {
-        if (prot[p]) ASSERT_EQ(target.at(g, p), Tier::kT0) << "protected page " << p;
+        if (prot[p]) {
+          ASSERT_EQ(target.at(g, p), Tier::kT0) << "protected page " << p;
+        }
       }
       // Evicted set is monotone and exactly floor(r × eligible) rounded down to pages.
       for (uint32_t p = 0; p < current.num_pages; ++p) {
-        if (current.at(g, p) == Tier::kT3) ASSERT_EQ(target.at(g, p), Tier::kT3);
+        if (current.at(g, p) == Tier::kT3) {
+          ASSERT_EQ(target.at(g, p), Tier::kT3);
+        }
       }
       const uint64_t eligible = std::count(prot.begin(), prot.end(), false) * uint64_t{pt};
       const uint64_t evicted_tokens = TierTokens(target, g, Tier::kT3, length, pt);

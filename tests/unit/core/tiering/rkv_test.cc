@@ -116,8 +116,12 @@ TEST(RkvTest, CompressesOnlyWhenDueAndBackToTheBudget) {
     for (uint32_t l = 0; l < layers; ++l) {
       EXPECT_EQ(next->KeptCount(l, 0), config.budget_tokens);
       for (uint64_t i = 0; i < n; ++i) {
-        if (!mask.Kept(l, 0, i)) EXPECT_FALSE(next->Kept(l, 0, i));
-        if (i + config.alpha >= n) EXPECT_TRUE(next->Kept(l, 0, i));
+        if (!mask.Kept(l, 0, i)) {
+          EXPECT_FALSE(next->Kept(l, 0, i));
+        }
+        if (i + config.alpha >= n) {
+          EXPECT_TRUE(next->Kept(l, 0, i));
+        }
       }
     }
     mask = std::move(*next);
