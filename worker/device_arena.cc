@@ -18,6 +18,12 @@ absl::StatusOr<uint8_t*> HostArena::Allocate(uint64_t bytes) {
     }
     used_ += bytes;
     peak_ = std::max(peak_, used_);
+    auto it = cached_.find(bytes);
+    if (it != cached_.end() && !it->second.empty()) {
+      uint8_t* block = it->second.back();
+      it->second.pop_back();
+      return block;
+    }
   }
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == nullptr) {
@@ -25,14 +31,20 @@ absl::StatusOr<uint8_t*> HostArena::Allocate(uint64_t bytes) {
     used_ -= bytes;
     return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " failed"));
   }
-  std::memset(p, 0, bytes);
   return static_cast<uint8_t*>(p);
 }
 
 void HostArena::Free(uint8_t* block, uint64_t bytes) {
-  std::free(block);
   absl::MutexLock lock(&mu_);
   used_ -= bytes;
+  cached_[bytes].push_back(block);
+}
+
+HostArena::~HostArena() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [bytes, blocks] : cached_) {
+    for (uint8_t* b : blocks) std::free(b);
+  }
 }
 
 uint64_t HostArena::used_bytes() const {

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -17,7 +19,8 @@ namespace kvtier::worker {
 class DeviceArena {
  public:
   virtual ~DeviceArena() = default;
-  // A block of `bytes`, zero-filled, 64-byte aligned. RESOURCE_EXHAUSTED past the budget.
+  // A block of `bytes`, 64-byte aligned, contents unspecified. RESOURCE_EXHAUSTED past the
+  // budget.
   virtual absl::StatusOr<uint8_t*> Allocate(uint64_t bytes) = 0;
   // REQUIRES: `block` came from Allocate(bytes) of this arena and is not freed yet.
   virtual void Free(uint8_t* block, uint64_t bytes) = 0;
@@ -27,10 +30,13 @@ class DeviceArena {
   virtual bool host_accessible() const = 0;
 };
 
-// Host-memory arena for the CPU backend. Thread-safe.
+// Host-memory arena for the CPU backend. Freed blocks are cached per size and reused (pages of
+// one geometry have one or a few sizes), so promotions do not pay for fresh mappings and page
+// faults. Thread-safe.
 class HostArena final : public DeviceArena {
  public:
   explicit HostArena(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
+  ~HostArena() override;
   absl::StatusOr<uint8_t*> Allocate(uint64_t bytes) override;
   void Free(uint8_t* block, uint64_t bytes) override;
   uint64_t capacity_bytes() const override { return capacity_; }
@@ -43,6 +49,7 @@ class HostArena final : public DeviceArena {
   mutable absl::Mutex mu_;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::vector<uint8_t*>> cached_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier::worker

@@ -146,6 +146,7 @@ absl::Status TieredKvStore::EnsurePages(uint32_t group, uint64_t pages) {
       entries.resize(before);
       return block.status();
     }
+    std::memset(*block, 0, geometry_.PageBytes(group));  // unwritten rows read as zeros
     entries.push_back(PageEntry{.tier = Tier::kT0, .t0 = *block});
   }
   return absl::OkStatus();

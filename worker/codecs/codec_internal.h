@@ -10,7 +10,7 @@
 // Run-time dispatch for the hot loops: GCC/Clang build an AVX2+FMA clone and a portable one and
 // pick at load time (ifunc). The bodies are plain loops written to auto-vectorize.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVTIER_CODEC_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define KVTIER_CODEC_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define KVTIER_CODEC_CLONES
 #endif
@@ -33,11 +33,6 @@ struct Affine {
 inline Affine MakeAffine(float lo, float hi) {
   float scale = (hi - lo) / 255.f;
   return {scale, scale > 0.f ? 1.f / scale : 0.f, lo};
-}
-inline uint8_t QuantizeU8(float x, float lo, float inv) {
-  float q = (x - lo) * inv + 0.5f;
-  q = std::min(std::max(q, 0.f), 255.f);
-  return static_cast<uint8_t>(static_cast<int32_t>(q));
 }
 
 }  // namespace kvtier::worker::codecs::internal
