@@ -11,7 +11,7 @@
 
 namespace kvtier::engine {
 namespace {
-constexpr int kSpinIterations = 20000;  // ~ tens of microseconds before sleeping
+constexpr int kSpinIterations = 2000;  // a few microseconds before yielding or sleeping
 }
 
 ThreadPool::ThreadPool(int num_threads) {
