@@ -228,6 +228,61 @@ KVTIER_AVX2 float DotQ8_0Avx2(const void* row, const float* x, size_t n) {
   }
   return HSum(acc);
 }
+
+// Four activation rows at once against one weight row: the block is unpacked once. Per row the
+// arithmetic is exactly that of the single-row kernel above (same operations, same order), so
+// batched and single-token results are bit-identical.
+KVTIER_AVX2 void DotQ4_1x4Avx2(const void* row, const float* x, size_t stride, size_t n,
+                               float* out) {
+  const BlockQ4_1* b = static_cast<const BlockQ4_1*>(row);
+  __m256 acc[4], accm[4];
+  for (int t = 0; t < 4; ++t) acc[t] = accm[t] = _mm256_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (size_t i = 0; i < n / 32; ++i) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
+    const __m128i lo = _mm_and_si128(bytes, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m256 q0 = U8ToPs(lo), q1 = U8ToPs(_mm_srli_si128(lo, 8));
+    const __m256 q2 = U8ToPs(hi), q3 = U8ToPs(_mm_srli_si128(hi, 8));
+    const __m256 d = _mm256_set1_ps(HalfToFloat(b[i].d)), m = _mm256_set1_ps(HalfToFloat(b[i].m));
+    for (int t = 0; t < 4; ++t) {
+      const float* xt = x + t * stride + i * 32;
+      const __m256 x0 = _mm256_loadu_ps(xt), x1 = _mm256_loadu_ps(xt + 8);
+      const __m256 x2 = _mm256_loadu_ps(xt + 16), x3 = _mm256_loadu_ps(xt + 24);
+      __m256 p = _mm256_mul_ps(q0, x0);
+      p = _mm256_fmadd_ps(q1, x1, p);
+      p = _mm256_fmadd_ps(q2, x2, p);
+      p = _mm256_fmadd_ps(q3, x3, p);
+      const __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+      acc[t] = _mm256_fmadd_ps(d, p, acc[t]);
+      accm[t] = _mm256_fmadd_ps(m, sx, accm[t]);
+    }
+  }
+  for (int t = 0; t < 4; ++t) out[t] = HSum(_mm256_add_ps(acc[t], accm[t]));
+}
+
+KVTIER_AVX2 void DotQ8_0x4Avx2(const void* row, const float* x, size_t stride, size_t n,
+                               float* out) {
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(row);
+  __m256 acc[4];
+  for (int t = 0; t < 4; ++t) acc[t] = _mm256_setzero_ps();
+  for (size_t i = 0; i < n / 32; ++i) {
+    const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
+    const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs + 16));
+    const __m256 q0 = I8ToPs(r0), q1 = I8ToPs(_mm_srli_si128(r0, 8));
+    const __m256 q2 = I8ToPs(r1), q3 = I8ToPs(_mm_srli_si128(r1, 8));
+    const __m256 d = _mm256_set1_ps(HalfToFloat(b[i].d));
+    for (int t = 0; t < 4; ++t) {
+      const float* xt = x + t * stride + i * 32;
+      __m256 p = _mm256_mul_ps(q0, _mm256_loadu_ps(xt));
+      p = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xt + 8), p);
+      p = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xt + 16), p);
+      p = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xt + 24), p);
+      acc[t] = _mm256_fmadd_ps(d, p, acc[t]);
+    }
+  }
+  for (int t = 0; t < 4; ++t) out[t] = HSum(acc[t]);
+}
 #endif  // __x86_64__
 
 }  // namespace
@@ -435,6 +490,14 @@ VecDotFn GetVecDot(GgmlType type, KernelIsa isa) {
       return DotQ6_KScalar;
   }
   return DotF32Scalar;
+}
+
+VecDot4Fn GetVecDot4(GgmlType type, KernelIsa isa) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx2 && type == GgmlType::kQ4_1) return DotQ4_1x4Avx2;
+  if (isa == KernelIsa::kAvx2 && type == GgmlType::kQ8_0) return DotQ8_0x4Avx2;
+#endif
+  return nullptr;
 }
 
 }  // namespace kvtier::engine
