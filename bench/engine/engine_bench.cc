@@ -106,14 +106,16 @@ BENCHMARK(BM_Prefill)
     ->Args({1, 64})
     ->Args({2, 64})
     ->Unit(benchmark::kMillisecond)
-    ->MinTime(2.0);
+    ->MinTime(2.0)
+    ->UseRealTime();
 BENCHMARK(BM_Decode)
     ->ArgNames({"threads", "batch"})
     ->Args({1, 1})
     ->Args({2, 1})
     ->Args({2, 4})
     ->Unit(benchmark::kMillisecond)
-    ->MinTime(2.0);
+    ->MinTime(2.0)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace kvtier::engine

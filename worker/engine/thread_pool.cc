@@ -12,12 +12,12 @@
 namespace kvtier::engine {
 namespace {
 constexpr int kSpinIterations = 2000;  // a few microseconds before yielding or sleeping
-}
+constexpr size_t kChunksPerThread = 4;
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < std::max(1, num_threads); ++i) {
-    workers_.emplace_back([this, i] { WorkerLoop(i); });
-  }
+  for (int i = 1; i < std::max(1, num_threads); ++i)
+    workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -29,33 +29,45 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::RunChunk(int index) {
-  size_t parts = workers_.size() + 1;
-  size_t units = (n_ + grain_ - 1) / grain_;
-  size_t begin = std::min(n_, units * index / parts * grain_);
-  size_t end = std::min(n_, units * (index + 1) / parts * grain_);
-  if (begin < end) (*fn_)(begin, end);
+void ThreadPool::RunChunks(uint32_t gen) {
+  uint64_t t = ticket_.load(std::memory_order_acquire);
+  while (true) {
+    if ((t >> 32) != gen || (t & 0xFFFFFFFF) >= num_chunks_) return;
+    if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+    const size_t c = t & 0xFFFFFFFF;
+    const size_t begin = c * chunk_, end = std::min(n_, begin + chunk_);
+    (*fn_)(begin, end);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    t = ticket_.load(std::memory_order_acquire);
+  }
 }
 
 void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>& fn,
                              size_t grain) {
   if (n == 0) return;
+  grain = std::max<size_t>(1, grain);
   if (workers_.empty() || n <= grain) {
     fn(0, n);
     return;
   }
+  const size_t parts = num_threads() * kChunksPerThread;
+  const size_t units = (n + grain - 1) / grain;
+  chunk_ = (units + parts - 1) / parts * grain;
+  num_chunks_ = (n + chunk_ - 1) / chunk_;
   fn_ = &fn;
   n_ = n;
-  grain_ = std::max<size_t>(1, grain);
-  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  uint32_t gen;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    gen = generation_.load(std::memory_order_relaxed) + 1;
+    ticket_.store(uint64_t{gen} << 32, std::memory_order_release);
+    generation_.store(gen, std::memory_order_release);
   }
   cv_.notify_all();
-  RunChunk(0);
+  RunChunks(gen);
   int spins = 0;
-  while (pending_.load(std::memory_order_acquire) != 0) {
+  while (done_.load(std::memory_order_acquire) != num_chunks_) {
     if (++spins < kSpinIterations) {
       KVTIER_CPU_RELAX();
     } else {
@@ -64,16 +76,13 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
   }
 }
 
-void ThreadPool::WorkerLoop(int index) {
-  uint64_t seen = 0;
+void ThreadPool::WorkerLoop() {
+  uint32_t seen = 0;
   while (true) {
     bool ready = false;
-    for (int i = 0; i < kSpinIterations; ++i) {
-      if (generation_.load(std::memory_order_acquire) != seen) {
-        ready = true;
-        break;
-      }
-      KVTIER_CPU_RELAX();
+    for (int i = 0; i < kSpinIterations && !ready; ++i) {
+      ready = generation_.load(std::memory_order_acquire) != seen;
+      if (!ready) KVTIER_CPU_RELAX();
     }
     if (!ready) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -81,8 +90,7 @@ void ThreadPool::WorkerLoop(int index) {
       if (stop_) return;
     }
     seen = generation_.load(std::memory_order_acquire);
-    RunChunk(index);
-    pending_.fetch_sub(1, std::memory_order_release);
+    RunChunks(seen);
   }
 }
 
