@@ -143,6 +143,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
     return absl::InvalidArgumentError(absl::StrCat(
         "tokenizer.ggml.model = '", model, "' is not supported (expected 'gpt2' byte-level BPE)"));
   }
+  // Pre-tokenizers that llama.cpp runs with exactly the split implemented here; absent = same.
+  if (const GgufValue* pre = file.Find("tokenizer.ggml.pre")) {
+    ASSIGN_OR_RETURN(std::string name, pre->AsString());
+    static const char* kSupported[] = {"smollm", "starcoder", "refact", "command-r", "codeshell"};
+    if (std::find(std::begin(kSupported), std::end(kSupported), name) == std::end(kSupported)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer.ggml.pre = '", name,
+          "' is not supported (this tokenizer implements the 'smollm' pre-tokenizer)"));
+    }
+  }
   auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
   const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
   const GgufValue* merges = file.Find("tokenizer.ggml.merges");

@@ -26,8 +26,9 @@ namespace kvtier::engine {
 // Immutable after construction: thread-safe.
 class Tokenizer {
  public:
-  // Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,bos/eos/unknown_token_id,
-  // add_bos_token}. INVALID_ARGUMENT for models other than gpt2 or malformed tables.
+  // Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,bos/eos_token_id,add_bos_token}.
+  // INVALID_ARGUMENT for models other than gpt2, pre-tokenizers other than smollm (or its
+  // llama.cpp aliases starcoder, refact, command-r, codeshell), or malformed tables.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& file);
 
   std::vector<int32_t> Encode(std::string_view text, bool parse_special = true) const;

@@ -103,10 +103,11 @@ std::string ByteToken(int b) {
 }
 
 void WriteModel(const std::string& path, const std::map<std::string, Tensor>& weights,
-                const std::string& arch = "llama") {
+                const std::string& arch = "llama", const std::string& pre = "smollm") {
   GgufWriter w;
-  const int kKvs = 13;
+  const int kKvs = 14;
   w.Header(weights.size(), kKvs);
+  w.KvStr("tokenizer.ggml.pre", pre);
   w.KvStr("general.architecture", arch);
   w.KvU32("llama.block_count", kLayers);
   w.KvU32("llama.embedding_length", kHidden);
@@ -270,6 +271,15 @@ TEST(ModelTest, RejectsOtherArchitectures) {
   auto m = Model::Load(path);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(m.status().message(), HasSubstr("unsupported architecture 'gpt2'"));
+  std::remove(path.c_str());
+}
+
+TEST(ModelTest, RejectsOtherPreTokenizers) {
+  const std::string path = TempModel("llama3_pre.gguf");
+  WriteModel(path, MakeWeights(1), "llama", "llama-bpe");
+  auto m = Model::Load(path);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), HasSubstr("tokenizer.ggml.pre = 'llama-bpe'"));
   std::remove(path.c_str());
 }
 
