@@ -40,7 +40,7 @@ def llama_cpp(model, threads, reps):
 
 def engine(bench, threads):
     out = subprocess.run(
-        [bench, f"--benchmark_filter=BM_(Prefill|Decode)/threads:{threads}/(tokens:64|batch:1)$",
+        [bench, f"--benchmark_filter=BM_(Prefill|Decode)/threads:{threads}/(tokens:64|batch:1)/",
          "--benchmark_format=json", "--benchmark_repetitions=3",
          "--benchmark_report_aggregates_only=true"],
         check=True, capture_output=True, text=True).stdout
