@@ -26,13 +26,13 @@ enum class PoolKind : uint32_t {
 };
 
 struct PoolHeader {
-  uint32_t magic;        // kPoolMagic
-  uint32_t abi_version;  // kPoolAbiVersion
-  uint32_t kind;         // PoolKind
+  uint32_t magic;         // kPoolMagic
+  uint32_t abi_version;   // kPoolAbiVersion
+  uint32_t kind;          // PoolKind
   uint32_t header_bytes;  // sizeof(PoolHeader) when written
-  uint64_t total_bytes;  // size of the whole segment
-  uint64_t data_offset;  // first byte of slot data (kPoolDataOffset)
-  uint64_t data_bytes;   // bytes usable for slots
+  uint64_t total_bytes;   // size of the whole segment
+  uint64_t data_offset;   // first byte of slot data (kPoolDataOffset)
+  uint64_t data_bytes;    // bytes usable for slots
   uint64_t daemon_epoch;  // changes on every daemon start; workers re-register when it differs
   uint64_t created_unix_ns;
   uint8_t reserved[64];

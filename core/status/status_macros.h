@@ -10,10 +10,10 @@
 #define KVTIER_STATUS_CONCAT_(a, b) KVTIER_STATUS_CONCAT_INNER_(a, b)
 
 // RETURN_IF_ERROR(expr): returns the status of `expr` from the enclosing function when not OK.
-#define RETURN_IF_ERROR(expr)                          \
-  do {                                                 \
-    ::absl::Status kvtier_status_ = (expr);            \
-    if (!kvtier_status_.ok()) return kvtier_status_;   \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status kvtier_status_ = (expr);          \
+    if (!kvtier_status_.ok()) return kvtier_status_; \
   } while (false)
 
 // ASSIGN_OR_RETURN(lhs, expr): evaluates the StatusOr `expr`; on error returns its status,

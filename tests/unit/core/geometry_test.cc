@@ -8,8 +8,12 @@ namespace kvtier::layout {
 namespace {
 
 KvGeometry SmolLm2() {
-  return KvGeometry{.num_layers = 30, .num_kv_heads = 3, .head_dim = 64, .element_bytes = 2,
-                    .page_tokens = 16, .layer_groups = 1};
+  return KvGeometry{.num_layers = 30,
+                    .num_kv_heads = 3,
+                    .head_dim = 64,
+                    .element_bytes = 2,
+                    .page_tokens = 16,
+                    .layer_groups = 1};
 }
 
 TEST(GeometryTest, BytesPerTokenMatchesSmolLm2Fp16) {
@@ -54,7 +58,8 @@ TEST(GeometryTest, LayerGroupsPartitionLayersForAnyShape) {
       ASSERT_EQ(g.GroupBegin(grp), covered);
       ASSERT_GE(g.LayersInGroup(grp), 1u);
       for (uint32_t l = g.GroupBegin(grp); l < g.GroupEnd(grp); ++l) {
-        ASSERT_EQ(g.GroupOfLayer(l), grp) << "layers=" << g.num_layers << " groups=" << g.layer_groups;
+        ASSERT_EQ(g.GroupOfLayer(l), grp)
+            << "layers=" << g.num_layers << " groups=" << g.layer_groups;
       }
       covered = g.GroupEnd(grp);
     }

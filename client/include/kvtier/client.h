@@ -1,0 +1,84 @@
+#ifndef KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
+#define KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
+
+// libkvtier_client: a worker's connection to kvtierd. Public API.
+//
+//   ASSIGN_OR_RETURN(auto client, kvtier::WorkerClient::Connect(options));
+//   ASSIGN_OR_RETURN(uint64_t seq, client->OpenSequence(prompt_len, policy, "req-42"));
+//   ... every retier_interval steps:
+//   ASSIGN_OR_RETURN(kvtier::v1::TierPlan plan, client->SubmitSnapshot(snapshot));
+//   ... execute plan.moves against the mapped pools ...
+//   RETURN_IF_ERROR(client->AckPlan(seq, plan.plan_version(), /*applied=*/true));
+//   RETURN_IF_ERROR(client->CloseSequence(seq));
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier {
+
+struct ClientOptions {
+  // "unix:/run/kvtier/kvtierd.sock" or a loopback "127.0.0.1:50551".
+  std::string address = "unix:/run/kvtier/kvtierd.sock";
+  // No call blocks the caller longer than this (the decode loop must keep going).
+  absl::Duration rpc_deadline = absl::Milliseconds(200);
+  // What to register: geometry, GPU, budgets and slot sizes (worker_id/pid are filled in).
+  v1::RegisterWorkerRequest registration;
+  // Renew the lease in a background thread, and re-register when the daemon restarts.
+  bool background_heartbeat = true;
+};
+
+// A mapped shared-memory pool. The mapping stays valid for as long as any holder keeps this
+// object, even after the daemon removed the segment (a restarted daemon makes new pools; pages
+// in the old ones stay readable until their sequences close). Immutable; thread-safe.
+class PoolMapping {
+ public:
+  virtual ~PoolMapping() = default;
+  virtual v1::PoolKind kind() const = 0;
+  // First byte of slot data (segment start + data_offset); slot offsets are relative to it.
+  virtual uint8_t* data() const = 0;
+  virtual uint64_t data_bytes() const = 0;
+  virtual uint64_t epoch() const = 0;
+};
+
+// Maps one pool described by the daemon, validating its ABI header.
+absl::StatusOr<std::shared_ptr<PoolMapping>> MapPool(const v1::PoolDescriptor& descriptor);
+
+// A registered worker. Thread-safe; the heartbeat thread is owned by the client and stops in
+// its destructor.
+class WorkerClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkerClient>> Connect(const ClientOptions& options);
+  virtual ~WorkerClient() = default;
+
+  virtual uint64_t worker_id() const = 0;
+  // Bumps on every (re-)registration: sequences opened under an older generation are gone
+  // from the daemon and must be re-opened.
+  virtual uint64_t generation() const = 0;
+  // False while the daemon is unreachable or the lease is lost; the worker keeps decoding on
+  // its own (DESIGN.md §3) and the heartbeat thread re-registers when the daemon is back.
+  virtual bool connected() const = 0;
+  // The pools of the current registration (null before the first success).
+  virtual std::shared_ptr<PoolMapping> pool(v1::PoolKind kind) const = 0;
+
+  virtual absl::StatusOr<uint64_t> OpenSequence(uint64_t prompt_tokens,
+                                                const v1::PolicyConfig& policy,
+                                                const std::string& tag) = 0;
+  // Fills worker_id; the rest of the snapshot is the caller's.
+  virtual absl::StatusOr<v1::TierPlan> SubmitSnapshot(v1::SubmitSnapshotRequest snapshot) = 0;
+  virtual absl::Status AckPlan(uint64_t sequence_id, uint64_t plan_version, bool applied,
+                               const std::string& error = "") = 0;
+  virtual absl::Status CloseSequence(uint64_t sequence_id) = 0;
+  virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(bool workers, bool sequences) = 0;
+  // One heartbeat now (the background thread calls this); re-registers when the lease is gone.
+  virtual absl::Status HeartbeatOnce() = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_

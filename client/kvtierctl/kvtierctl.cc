@@ -1,0 +1,138 @@
+// kvtierctl: the operator's view of a running kvtierd.
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/kvtierctl/table.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+
+namespace kvtier::ctl {
+namespace {
+
+const char* PoolName(v1::PoolKind kind) {
+  switch (kind) {
+    case v1::POOL_KIND_DDR:
+      return "ddr (T1)";
+    case v1::POOL_KIND_COMPRESSED:
+      return "compressed (T2)";
+    default:
+      return "?";
+  }
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  return whole == 0 ? "-" : absl::StrFormat("%.1f%%", 100.0 * part / whole);
+}
+
+std::string StatusTable(const v1::GetStatusResponse& s) {
+  Table t({"FIELD", "VALUE"}, /*align_numbers=*/false);
+  t.AddRow({"version", s.version()});
+  t.AddRow({"epoch", absl::StrCat(s.daemon_epoch())});
+  t.AddRow({"uptime", HumanDuration(s.uptime_ms())});
+  t.AddRow({"listening", s.listen_address()});
+  t.AddRow({"metrics", s.metrics_address().empty() ? "off" : s.metrics_address()});
+  t.AddRow({"workers", absl::StrCat(s.workers())});
+  t.AddRow({"sequences", absl::StrCat(s.sequences())});
+  t.AddRow({"HBM saved", HumanBytes(s.hbm_saved_bytes())});
+  for (const auto& p : s.pools()) {
+    t.AddRow({absl::StrCat("pool ", PoolName(p.kind())),
+              absl::StrCat(HumanBytes(p.used_bytes()), " / ", HumanBytes(p.capacity_bytes()), " (",
+                           Percent(p.used_bytes(), p.capacity_bytes()), ")")});
+  }
+  return t.Render();
+}
+
+std::string PoolsTable(const v1::GetStatusResponse& s) {
+  Table t({"POOL", "SHM", "CAPACITY", "USED", "USE%", "SLOTS"});
+  for (const auto& p : s.pools()) {
+    t.AddRow({PoolName(p.kind()), p.shm_name(), HumanBytes(p.capacity_bytes()),
+              HumanBytes(p.used_bytes()), Percent(p.used_bytes(), p.capacity_bytes()),
+              absl::StrCat(p.slots_used())});
+  }
+  return t.Render();
+}
+
+std::string WorkersTable(const v1::GetStatusResponse& s) {
+  Table t({"ID", "NAME", "PID", "MODEL", "SEQS", "DDR", "COMPRESSED", "LEASE LEFT"});
+  for (const auto& w : s.worker_list()) {
+    t.AddRow({absl::StrCat(w.worker_id()), w.worker_name(), absl::StrCat(w.pid()), w.model_name(),
+              absl::StrCat(w.sequences()), HumanBytes(w.ddr_bytes()),
+              HumanBytes(w.compressed_bytes()), HumanDuration(w.lease_remaining_ms())});
+  }
+  return t.Render();
+}
+
+std::string SequencesTable(const v1::GetStatusResponse& s) {
+  Table t({"ID", "WORKER", "TAG", "POLICY", "TOKENS", "T0", "T1", "T2", "EVICTED", "EVICT%GEN",
+           "T0 BYTES", "FULL BYTES", "PLAN"});
+  for (const auto& q : s.sequence_list()) {
+    const auto& r = q.report();
+    t.AddRow({absl::StrCat(q.sequence_id()), absl::StrCat(q.worker_id()), q.tag(), q.policy(),
+              absl::StrCat(q.length()), absl::StrCat(r.tokens_t0()), absl::StrCat(r.tokens_t1()),
+              absl::StrCat(r.tokens_t2()), absl::StrCat(r.tokens_t3()),
+              absl::StrFormat("%.2f%%", 100 * r.evicted_fraction_generated()),
+              HumanBytes(r.t0_bytes()), HumanBytes(r.full_bytes()),
+              absl::StrCat(q.plan_version())});
+  }
+  return t.Render();
+}
+
+}  // namespace
+}  // namespace kvtier::ctl
+
+int main(int argc, char** argv) {
+  using namespace kvtier;
+  CLI::App app{"kvtierctl: inspect a running kvtierd."};
+  std::string socket = "/run/kvtier/kvtierd.sock";
+  std::string address;
+  bool json = false;
+  int timeout_ms = 3000;
+  app.add_option("--socket", socket, "kvtierd's unix socket")->capture_default_str();
+  app.add_option("--address", address, "Connect to a gRPC address instead (e.g. 127.0.0.1:50551)");
+  app.add_flag("--json", json, "Print the daemon's answer as JSON, for scripts");
+  app.add_option("--timeout-ms", timeout_ms, "Give up after this long")->capture_default_str();
+  app.require_subcommand(1, 1);
+  app.add_subcommand("status", "Daemon, pools and HBM saved");
+  app.add_subcommand("workers", "Registered workers and their leases");
+  app.add_subcommand("sequences", "Open sequences and where their tokens live");
+  app.add_subcommand("pools", "Shared-memory pools: capacity and use");
+  CLI11_PARSE(app, argc, argv);
+  const std::string command = app.get_subcommands()[0]->get_name();
+
+  const std::string target = address.empty() ? "unix:" + socket : address;
+  auto stub = v1::KvTier::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  v1::GetStatusRequest request;
+  request.set_include_workers(command == "workers");
+  request.set_include_sequences(command == "sequences");
+  v1::GetStatusResponse response;
+  grpc::Status status = stub->GetStatus(&ctx, request, &response);
+  if (!status.ok()) {
+    std::fprintf(stderr, "kvtierctl: cannot reach kvtierd at %s: %s\n", target.c_str(),
+                 status.error_message().c_str());
+    return 1;
+  }
+  if (json) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(response, &out, options);
+    std::fputs(out.c_str(), stdout);
+    return 0;
+  }
+  std::string table = command == "status"    ? ctl::StatusTable(response)
+                      : command == "pools"   ? ctl::PoolsTable(response)
+                      : command == "workers" ? ctl::WorkersTable(response)
+                                             : ctl::SequencesTable(response);
+  std::fputs(table.c_str(), stdout);
+  return 0;
+}

@@ -1,0 +1,189 @@
+#include "daemon/config/config.h"
+
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
+
+namespace kvtier::daemon {
+namespace {
+
+// Where a value came from, for error messages: "kvtierd.toml:12: pools.ddr_mib".
+std::string Where(const std::string& source, const toml::node& node, const std::string& key) {
+  return absl::StrCat(source, ":", static_cast<uint64_t>(node.source().begin.line), ": ", key);
+}
+
+absl::Status Bad(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, " ", what));
+}
+
+// One setter per known key. Each checks the node's type and range and stores the value.
+using Setter = std::function<absl::Status(const toml::node&, const std::string& where)>;
+
+Setter String(std::string* out) {
+  return [out](const toml::node& n, const std::string& where) -> absl::Status {
+    auto v = n.value<std::string>();
+    if (!v || !n.is_string()) return Bad(where, "must be a string");
+    *out = *v;
+    return absl::OkStatus();
+  };
+}
+
+Setter Integer(std::function<void(int64_t)> store, int64_t min, int64_t max) {
+  return [store, min, max](const toml::node& n, const std::string& where) -> absl::Status {
+    if (!n.is_integer()) return Bad(where, "must be an integer");
+    int64_t v = *n.value<int64_t>();
+    if (v < min || v > max) {
+      return Bad(where, absl::StrCat("= ", v, " is out of range [", min, ", ", max, "]"));
+    }
+    store(v);
+    return absl::OkStatus();
+  };
+}
+
+Setter Ratio(double* out) {
+  return [out](const toml::node& n, const std::string& where) -> absl::Status {
+    if (!n.is_floating_point() && !n.is_integer()) return Bad(where, "must be a number");
+    double v = *n.value<double>();
+    if (!(v >= 0.0 && v <= 1.0)) return Bad(where, absl::StrCat("= ", v, " is outside [0, 1]"));
+    *out = v;
+    return absl::OkStatus();
+  };
+}
+
+Setter Millis(absl::Duration* out, int64_t min_ms) {
+  return Integer([out](int64_t v) { *out = absl::Milliseconds(v); }, min_ms, 86'400'000);
+}
+
+Setter Mebibytes(uint64_t* out, int64_t min_mib) {
+  return Integer([out](int64_t v) { *out = static_cast<uint64_t>(v) << 20; }, min_mib,
+                 int64_t{1} << 30);
+}
+
+std::map<std::string, Setter> Schema(DaemonConfig* c) {
+  std::map<std::string, Setter> s;
+  s["server.socket"] = String(&c->server.socket_path);
+  s["server.tcp"] = String(&c->server.tcp_address);
+  s["server.metrics"] = String(&c->server.metrics_address);
+  s["server.log_level"] = [c](const toml::node& n, const std::string& where) -> absl::Status {
+    auto v = n.value<std::string>();
+    if (!v) return Bad(where, "must be a string");
+    auto level = ParseLogLevel(*v);
+    if (!level.ok()) return Bad(where, absl::StrCat("= \"", *v, "\": ", level.status().message()));
+    c->server.log_level = *level;
+    return absl::OkStatus();
+  };
+  s["server.reap_interval_ms"] = Millis(&c->server.reap_interval, 10);
+  s["pools.ddr_mib"] = Mebibytes(&c->core.ddr_pool_bytes, 1);
+  s["pools.compressed_mib"] = Mebibytes(&c->core.compressed_pool_bytes, 1);
+  s["pools.shm_prefix"] = [c](const toml::node& n, const std::string& where) -> absl::Status {
+    auto v = n.value<std::string>();
+    if (!v || v->size() < 2 || (*v)[0] != '/' || v->find('/', 1) != std::string::npos) {
+      return Bad(where, "must be a string like \"/kvtier\": one leading slash, no other");
+    }
+    c->core.shm_prefix = *v;
+    return absl::OkStatus();
+  };
+  s["pools.group"] = String(&c->core.shm_group);
+  s["pools.mode"] = [c](const toml::node& n, const std::string& where) -> absl::Status {
+    auto v = n.value<std::string>();
+    char* end = nullptr;
+    unsigned long mode = v ? std::strtoul(v->c_str(), &end, 8) : 0;
+    if (!v || v->empty() || *end != '\0' || mode > 0777) {
+      return Bad(where, "must be an octal string such as \"0660\"");
+    }
+    c->core.shm_mode = static_cast<uint32_t>(mode);
+    return absl::OkStatus();
+  };
+  s["leases.ttl_ms"] = Millis(&c->core.lease_ttl, 100);
+  s["leases.heartbeat_ms"] = Millis(&c->core.heartbeat_interval, 10);
+  s["limits.max_workers"] =
+      Integer([c](int64_t v) { c->core.max_workers = static_cast<uint32_t>(v); }, 1, 1 << 16);
+  s["limits.max_sequences_per_worker"] = Integer(
+      [c](int64_t v) { c->core.max_sequences_per_worker = static_cast<uint32_t>(v); }, 1, 1 << 20);
+  s["limits.worker_ddr_quota_mib"] = Mebibytes(&c->core.worker_ddr_quota_bytes, 0);
+  s["limits.worker_compressed_quota_mib"] = Mebibytes(&c->core.worker_compressed_quota_bytes, 0);
+  s["policy.name"] = String(&c->policy.name);
+  s["policy.hbm_ratio"] = Ratio(&c->policy.hbm_ratio);
+  s["policy.evict_ratio"] = Ratio(&c->policy.evict_ratio);
+  s["policy.compress_ratio"] = Ratio(&c->policy.compress_ratio);
+  return s;
+}
+
+}  // namespace
+
+std::string_view LogLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarning:
+      return "warning";
+    case LogLevel::kError:
+      return "error";
+  }
+  return "info";
+}
+
+absl::StatusOr<LogLevel> ParseLogLevel(std::string_view name) {
+  for (LogLevel l : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
+    if (name == LogLevelName(l)) return l;
+  }
+  return absl::InvalidArgumentError("log level must be one of debug, info, warning, error");
+}
+
+absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view source_view) {
+  // Debian's Abseil has its own string_view: keep names as std::string for StrCat.
+  const std::string source(source_view);
+  // Debian's libtomlplusplus is built with exceptions: catch them at this edge.
+  toml::table root;
+  try {
+    root = toml::parse(text, source_view);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ":", static_cast<uint64_t>(e.source().begin.line), ":",
+        static_cast<uint64_t>(e.source().begin.column), ": ", std::string(e.description())));
+  }
+  DaemonConfig config;
+  std::map<std::string, Setter> schema = Schema(&config);
+  for (auto&& [section_key, section] : root) {
+    std::string section_name(section_key.str());
+    const toml::table* table = section.as_table();
+    if (table == nullptr) {
+      return Bad(Where(source, section, section_name),
+                 "is not a known section (expected [server], [pools], [leases], [limits] or "
+                 "[policy])");
+    }
+    for (auto&& [key, value] : *table) {
+      std::string full = absl::StrCat(section_name, ".", std::string(key.str()));
+      auto it = schema.find(full);
+      if (it == schema.end()) return Bad(Where(source, value, full), "is not a known key");
+      RETURN_IF_ERROR(it->second(value, Where(source, value, full)));
+    }
+  }
+  if (config.policy.evict_ratio + config.policy.compress_ratio > 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": policy.evict_ratio + policy.compress_ratio = ",
+                     config.policy.evict_ratio + config.policy.compress_ratio, " exceeds 1"));
+  }
+  if (config.server.socket_path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": server.socket must not be empty"));
+  }
+  return config;
+}
+
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseConfig(text.str(), path);
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,55 @@
+#ifndef KVTIER_DAEMON_CONFIG_CONFIG_H_
+#define KVTIER_DAEMON_CONFIG_CONFIG_H_
+
+// kvtierd's configuration: a TOML file (deploy/kvtierd.toml documents every key) plus
+// command-line overrides. The packaged file is embedded in the binary as the defaults.
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "daemon/daemon_core.h"
+
+namespace kvtier::daemon {
+
+enum class LogLevel { kDebug, kInfo, kWarning, kError };
+
+struct ServerOptions {
+  std::string socket_path = "/run/kvtier/kvtierd.sock";
+  std::string tcp_address;                         // empty = off; loopback only
+  std::string metrics_address = "127.0.0.1:9464";  // empty = off
+  LogLevel log_level = LogLevel::kInfo;
+  absl::Duration reap_interval = absl::Milliseconds(500);
+};
+
+// Defaults applied to OpenSequence requests that name no policy.
+struct PolicyDefaults {
+  std::string name = "hierarchy";
+  double hbm_ratio = 0.5;
+  double evict_ratio = 0.0;
+  double compress_ratio = 0.0;
+};
+
+struct DaemonConfig {
+  ServerOptions server;
+  CoreOptions core;
+  PolicyDefaults policy;
+};
+
+// The packaged deploy/kvtierd.toml, compiled in.
+std::string_view DefaultConfigText();
+
+// Parses TOML text. `source` names it in errors ("/etc/kvtier/kvtierd.toml"). Keys missing from
+// `text` keep their defaults; an unknown key, a wrong type or an out-of-range value is
+// INVALID_ARGUMENT naming the source, the line, the key and the value.
+absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view source);
+
+// Reads and parses a file; NOT_FOUND when it cannot be read.
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+
+std::string_view LogLevelName(LogLevel level);
+absl::StatusOr<LogLevel> ParseLogLevel(std::string_view name);
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_CONFIG_CONFIG_H_

@@ -1,0 +1,69 @@
+#ifndef KVTIER_DAEMON_DAEMON_CORE_H_
+#define KVTIER_DAEMON_DAEMON_CORE_H_
+
+// The daemon's request handling, independent of gRPC: the service (daemon/service) is a thin
+// adapter that calls one method here per RPC. Tests and the fuzzer drive this class directly.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/clock/clock.h"
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier::daemon {
+
+class Metrics;
+
+// Settings the core needs (the daemon's TOML config carries them; see deploy/kvtierd.toml).
+struct CoreOptions {
+  uint64_t ddr_pool_bytes = 1ull << 30;           // T1 pool size
+  uint64_t compressed_pool_bytes = 512ull << 20;  // T2 pool size
+  std::string shm_prefix = "/kvtier";             // POSIX shm names start with this
+  std::string shm_group;                          // group owning the segments ("" = process gid)
+  uint32_t shm_mode = 0660;
+  absl::Duration lease_ttl = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  uint32_t max_workers = 256;
+  uint32_t max_sequences_per_worker = 1024;
+  uint64_t worker_ddr_quota_bytes = 0;  // 0 = no per-worker quota
+  uint64_t worker_compressed_quota_bytes = 0;
+  std::string listen_address;   // shown in status
+  std::string metrics_address;  // shown in status
+  uint64_t daemon_epoch = 0;    // 0 = random per start (tests may fix it)
+};
+
+// Owns the pools, the registry of workers and sequences, and the leases. Thread-safe: every
+// method may be called concurrently from gRPC threads and the reaper.
+class DaemonCore {
+ public:
+  // Creates the pools (shared memory) and an empty registry. `clock` and `metrics` must outlive
+  // the core; `metrics` may be null (no metrics).
+  static absl::StatusOr<std::unique_ptr<DaemonCore>> Create(const CoreOptions& options,
+                                                            Clock* clock, Metrics* metrics);
+  virtual ~DaemonCore() = default;
+
+  virtual absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request) = 0;
+  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request) = 0;
+  virtual absl::StatusOr<v1::OpenSequenceResponse> OpenSequence(
+      const v1::OpenSequenceRequest& request) = 0;
+  virtual absl::StatusOr<v1::TierPlan> SubmitSnapshot(const v1::SubmitSnapshotRequest& request) = 0;
+  virtual absl::StatusOr<v1::AckPlanResponse> AckPlan(const v1::AckPlanRequest& request) = 0;
+  virtual absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
+      const v1::CloseSequenceRequest& request) = 0;
+  virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request) = 0;
+
+  // Expires leases older than the TTL (by the injected clock) and returns every slot of those
+  // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.
+  virtual int ReapExpired() = 0;
+
+  // Applies settings that can change without a restart (quotas). Others are ignored.
+  virtual void Reload(const CoreOptions& options) = 0;
+};
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_DAEMON_CORE_H_

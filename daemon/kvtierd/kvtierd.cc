@@ -1,0 +1,253 @@
+// kvtierd: the node-level KV memory-tier daemon. See README.md and deploy/kvtierd.toml.
+
+#include <grp.h>
+#include <grpcpp/grpcpp.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock/clock.h"
+#include "daemon/config/config.h"
+#include "daemon/daemon_core.h"
+#include "daemon/kvtierd/listen.h"
+#include "daemon/kvtierd/logger.h"
+#include "daemon/metrics.h"
+#include "daemon/service/service.h"
+
+namespace kvtier::daemon {
+namespace {
+
+struct Flags {
+  std::string config_path;
+  std::optional<std::string> socket, tcp, metrics, log_level;
+  bool print_default_config = false;
+  bool check_config = false;
+};
+
+absl::StatusOr<DaemonConfig> LoadConfig(const Flags& flags) {
+  absl::StatusOr<DaemonConfig> config =
+      flags.config_path.empty() ? ParseConfig(DefaultConfigText(), "<built-in defaults>")
+                                : LoadConfigFile(flags.config_path);
+  if (!config.ok()) return config;
+  if (flags.socket) config->server.socket_path = *flags.socket;
+  if (flags.tcp) config->server.tcp_address = *flags.tcp;
+  if (flags.metrics) config->server.metrics_address = *flags.metrics;
+  if (flags.log_level) {
+    auto level = ParseLogLevel(*flags.log_level);
+    if (!level.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--log-level \"", *flags.log_level, "\": ", level.status().message()));
+    }
+    config->server.log_level = *level;
+  }
+  if (config->server.socket_path.empty()) {
+    return absl::InvalidArgumentError("--socket must not be empty");
+  }
+  if (!config->server.tcp_address.empty()) {
+    if (auto s = RequireLoopback(config->server.tcp_address, "server.tcp"); !s.ok()) return s;
+  }
+  if (!config->server.metrics_address.empty()) {
+    if (auto s = RequireLoopback(config->server.metrics_address, "server.metrics"); !s.ok()) {
+      return s;
+    }
+  }
+  config->core.listen_address = absl::StrCat("unix:", config->server.socket_path);
+  config->core.metrics_address = config->server.metrics_address;
+  return config;
+}
+
+// Gives the socket the pools' mode and group, so workers in the group can connect.
+void ShareSocket(const DaemonConfig& config, Logger& log) {
+  const std::string& path = config.server.socket_path;
+  if (chmod(path.c_str(), config.core.shm_mode) != 0) {
+    log.Warning(absl::StrCat("cannot chmod ", path, ": ", std::strerror(errno)));
+  }
+  if (config.core.shm_group.empty()) return;
+  group* g = getgrnam(config.core.shm_group.c_str());
+  if (g == nullptr || chown(path.c_str(), -1, g->gr_gid) != 0) {
+    log.Warning(absl::StrCat("cannot give ", path, " to group ", config.core.shm_group));
+  }
+}
+
+// Runs `core.ReapExpired()` every `interval` until stopped. One owner: Run() starts the
+// thread, the destructor stops and joins it.
+class Reaper {
+ public:
+  Reaper(DaemonCore* core, Logger* log, absl::Duration interval)
+      : core_(core), log_(log), interval_(absl::ToChronoMilliseconds(interval)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Reaper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, interval_, [this] { return stop_; })) {
+      lock.unlock();
+      int reaped = core_->ReapExpired();
+      if (reaped > 0) log_->Info(absl::StrCat("lease expired: reaped ", reaped, " worker(s)"));
+      lock.lock();
+    }
+  }
+
+  DaemonCore* const core_;
+  Logger* const log_;
+  const std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+int Serve(const Flags& flags, DaemonConfig config) {
+  Logger log(config.server.log_level);
+  log.Info(absl::StrCat("starting kvtierd ", KVTIER_VERSION, " (config: ",
+                        flags.config_path.empty() ? "built-in defaults" : flags.config_path, ")"));
+  if (auto s = PrepareUnixSocketPath(config.server.socket_path); !s.ok()) {
+    log.Error(std::string(s.message()));
+    return 1;
+  }
+  std::unique_ptr<Metrics> metrics = Metrics::Create();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!config.server.metrics_address.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(config.server.metrics_address);
+    } catch (const std::exception& e) {
+      log.Error(absl::StrCat("cannot serve metrics on ", config.server.metrics_address, ": ",
+                             e.what(), " (set server.metrics or --metrics; \"\" turns it off)"));
+      return 1;
+    }
+    exposer->RegisterCollectable(metrics->registry());
+    log.Info(absl::StrCat("metrics on http://", config.server.metrics_address, "/metrics"));
+  }
+  absl::StatusOr<std::unique_ptr<DaemonCore>> core =
+      DaemonCore::Create(config.core, MonotonicClock::Get(), metrics.get());
+  if (!core.ok()) {
+    log.Error(absl::StrCat("cannot create pools: ", core.status().message()));
+    return 1;
+  }
+  log.Info(absl::StrCat("pools ready: DDR ", config.core.ddr_pool_bytes >> 20, " MiB, compressed ",
+                        config.core.compressed_pool_bytes >> 20, " MiB"));
+
+  KvTierService service(core->get(), config.policy);
+  grpc::ServerBuilder builder;
+  // Never share a TCP port with another process (a second daemon must fail, not split load).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(absl::StrCat("unix:", config.server.socket_path),
+                           grpc::InsecureServerCredentials());
+  int tcp_port = 0;
+  if (!config.server.tcp_address.empty()) {
+    builder.AddListeningPort(config.server.tcp_address, grpc::InsecureServerCredentials(),
+                             &tcp_port);
+  }
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (!config.server.tcp_address.empty() && tcp_port == 0)) {
+    log.Error(absl::StrCat("cannot listen on unix:", config.server.socket_path,
+                           config.server.tcp_address.empty() ? "" : " / ",
+                           config.server.tcp_address));
+    return 1;
+  }
+  ShareSocket(config, log);
+  log.Info(absl::StrCat("listening on unix:", config.server.socket_path,
+                        tcp_port ? absl::StrCat(" and ", config.server.tcp_address) : ""));
+  auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);
+  sd_notify(0, "READY=1\nSTATUS=serving");
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
+  for (;;) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) {
+      log.Info(absl::StrCat("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT", ", stopping"));
+      break;
+    }
+    if (flags.config_path.empty()) {
+      log.Info("SIGHUP: no config file to reload (running on built-in defaults)");
+      continue;
+    }
+    absl::StatusOr<DaemonConfig> fresh = LoadConfig(flags);
+    if (!fresh.ok()) {
+      log.Error(absl::StrCat("SIGHUP: keeping the running config: ", fresh.status().message()));
+      continue;
+    }
+    log.set_level(fresh->server.log_level);
+    (*core)->Reload(fresh->core);
+    log.Info(absl::StrCat("SIGHUP: reloaded limits and log level (",
+                          std::string(LogLevelName(log.level())),
+                          "); pools, socket, metrics, leases and policy defaults need a "
+                          "restart"));
+  }
+  sd_notify(0, "STOPPING=1");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  reaper.reset();
+  server.reset();
+  core->reset();  // unmaps and removes the pools
+  log.Info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
+
+int main(int argc, char** argv) {
+  using kvtier::daemon::Flags;
+  // Signals are handled by sigwait in the main thread; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CLI::App app{
+      "kvtierd: the kvtier node daemon. Owns the host's DDR and compressed KV pools and "
+      "answers workers' scoring snapshots with tier plans."};
+  Flags flags;
+  app.add_option("-c,--config", flags.config_path, "TOML config file (default: built-in defaults)");
+  app.add_option("--socket", flags.socket, "Unix socket path (overrides server.socket)");
+  app.add_option("--tcp", flags.tcp, "Also listen on this loopback host:port (server.tcp)");
+  app.add_option("--metrics", flags.metrics,
+                 "Prometheus endpoint host:port, \"\" = off (server.metrics)");
+  app.add_option("--log-level", flags.log_level, "debug | info | warning | error");
+  app.add_flag("--print-default-config", flags.print_default_config,
+               "Print the documented default config and exit");
+  app.add_flag("--check-config", flags.check_config, "Validate the config and exit");
+  app.set_version_flag("--version", KVTIER_VERSION);
+  CLI11_PARSE(app, argc, argv);
+
+  if (flags.print_default_config) {
+    std::fwrite(kvtier::daemon::DefaultConfigText().data(), 1,
+                kvtier::daemon::DefaultConfigText().size(), stdout);
+    return 0;
+  }
+  absl::StatusOr<kvtier::daemon::DaemonConfig> config = kvtier::daemon::LoadConfig(flags);
+  if (!config.ok()) {
+    std::fprintf(stderr, "kvtierd: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  if (flags.check_config) {
+    std::printf("kvtierd: config OK\n");
+    return 0;
+  }
+  return kvtier::daemon::Serve(flags, *std::move(config));
+}

@@ -1,0 +1,60 @@
+#ifndef KVTIER_TESTS_INTEGRATION_SUPPORT_DAEMON_PROCESS_H_
+#define KVTIER_TESTS_INTEGRATION_SUPPORT_DAEMON_PROCESS_H_
+
+// Runs the real kvtierd binary for integration tests: its own temporary directory, socket and
+// shared-memory prefix, so tests can run in parallel. Not thread-safe.
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kvtier::testing {
+
+// Path of a program built by this build tree (KVTIER_BUILD_DIR/bin/NAME).
+std::string BuiltProgram(const std::string& name);
+
+// Output and exit status of a finished program.
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+// Runs `argv` to completion (bounded by `timeout`), capturing its output.
+RunResult RunProgram(const std::vector<std::string>& argv,
+                     absl::Duration timeout = absl::Seconds(30));
+
+class DaemonProcess {
+ public:
+  struct Options {
+    std::string config_text;        // extra TOML written to a config file; "" = none
+    std::vector<std::string> args;  // extra flags
+    std::string socket_path;        // "" = a fresh one in the temp dir
+  };
+  // Starts kvtierd and waits until its socket accepts connections.
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const Options& options);
+  // Sends SIGKILL if still running, removes the temp dir.
+  ~DaemonProcess();
+
+  const std::string& socket_path() const { return socket_path_; }
+  std::string address() const { return "unix:" + socket_path_; }
+  const std::string& dir() const { return dir_; }
+  pid_t pid() const { return pid_; }
+  const std::string& shm_prefix() const { return shm_prefix_; }
+  // Sends `signal`, waits for exit; returns the exit code (128+signal when killed by it).
+  int Stop(int signal, absl::Duration timeout = absl::Seconds(10));
+  // Everything the daemon logged so far.
+  std::string Log() const;
+
+ private:
+  DaemonProcess() = default;
+  std::string dir_, socket_path_, log_path_, shm_prefix_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_INTEGRATION_SUPPORT_DAEMON_PROCESS_H_

@@ -1,0 +1,87 @@
+#include "daemon/config/config.h"
+
+#include "gtest/gtest.h"
+
+namespace kvtier::daemon {
+namespace {
+
+TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
+  auto parsed = ParseConfig(DefaultConfigText(), "kvtierd.toml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  DaemonConfig built_in;
+  EXPECT_EQ(parsed->server.socket_path, built_in.server.socket_path);
+  EXPECT_EQ(parsed->server.metrics_address, built_in.server.metrics_address);
+  EXPECT_EQ(parsed->core.ddr_pool_bytes, built_in.core.ddr_pool_bytes);
+  EXPECT_EQ(parsed->core.compressed_pool_bytes, built_in.core.compressed_pool_bytes);
+  EXPECT_EQ(parsed->core.lease_ttl, built_in.core.lease_ttl);
+  EXPECT_EQ(parsed->core.shm_mode, built_in.core.shm_mode);
+  EXPECT_EQ(parsed->policy.name, built_in.policy.name);
+  EXPECT_EQ(parsed->policy.hbm_ratio, built_in.policy.hbm_ratio);
+}
+
+TEST(ConfigTest, ReadsEveryKindOfValue) {
+  auto c = ParseConfig(R"(
+[server]
+socket = "/tmp/x.sock"
+log_level = "debug"
+[pools]
+ddr_mib = 64
+mode = "0600"
+[leases]
+ttl_ms = 1500
+[policy]
+evict_ratio = 0.03
+)",
+                       "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.socket_path, "/tmp/x.sock");
+  EXPECT_EQ(c->server.log_level, LogLevel::kDebug);
+  EXPECT_EQ(c->core.ddr_pool_bytes, 64ull << 20);
+  EXPECT_EQ(c->core.shm_mode, 0600u);
+  EXPECT_EQ(c->core.lease_ttl, absl::Milliseconds(1500));
+  EXPECT_DOUBLE_EQ(c->policy.evict_ratio, 0.03);
+}
+
+struct BadCase {
+  const char* text;
+  const char* must_mention;
+};
+
+class ConfigRejectsTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ConfigRejectsTest, NamesTheProblem) {
+  auto c = ParseConfig(GetParam().text, "bad.toml");
+  ASSERT_FALSE(c.ok()) << GetParam().text;
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(GetParam().must_mention), std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find("bad.toml"), std::string::npos) << c.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ConfigRejectsTest,
+    ::testing::Values(BadCase{"[pools]\nddr_mb = 5\n", "pools.ddr_mb"},
+                      BadCase{"[pool]\nddr_mib = 5\n", "pool.ddr_mib"},
+                      BadCase{"[pools]\nddr_mib = \"big\"\n", "pools.ddr_mib"},
+                      BadCase{"[pools]\nddr_mib = 0\n", "out of range"},
+                      BadCase{"[pools]\nmode = \"999\"\n", "pools.mode"},
+                      BadCase{"[pools]\nshm_prefix = \"a/b\"\n", "pools.shm_prefix"},
+                      BadCase{"[policy]\nhbm_ratio = 1.5\n", "policy.hbm_ratio"},
+                      BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
+                      BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},
+                      BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
+
+TEST(ConfigTest, ErrorsCarryTheLineNumber) {
+  auto c = ParseConfig("[server]\nsocket = \"/x\"\n\n[leases]\nttl_ms = -3\n", "f.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("f.toml:5: leases.ttl_ms"), std::string::npos)
+      << c.status().message();
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadConfigFile("/nonexistent/kvtierd.toml").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
