@@ -151,4 +151,20 @@ absl::StatusOr<PlacementReport> Report(const Placement& placement, const Sequenc
   return r;
 }
 
+absl::StatusOr<std::array<uint64_t, 5>> PlanBytes(const Plan& plan,
+                                                  const layout::KvGeometry& geometry) {
+  RETURN_IF_ERROR(geometry.Validate());
+  std::array<uint64_t, 5> bytes{};
+  for (size_t i = 0; i < plan.moves.size(); ++i) {
+    const Move& m = plan.moves[i];
+    if (m.group >= geometry.layer_groups) {
+      return absl::InvalidArgumentError(absl::StrCat("plan.moves[", i, "].group (", m.group,
+                                                     ") is not below geometry.layer_groups (",
+                                                     geometry.layer_groups, ")"));
+    }
+    bytes[static_cast<int>(KindOf(m.from, m.to))] += geometry.PageBytes(m.group);
+  }
+  return bytes;
+}
+
 }  // namespace kvtier::tiering

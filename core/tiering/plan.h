@@ -52,6 +52,31 @@ struct PlacementReport {
 absl::StatusOr<PlacementReport> Report(const Placement& placement, const SequenceState& seq,
                                        const layout::KvGeometry& geometry);
 
+// Full-precision bytes a plan moves, per MoveKind (pages × PageBytes(group); evictions move
+// nothing but are counted as the bytes they free). INVALID_ARGUMENT for an invalid geometry or a
+// move whose group is not below geometry.layer_groups.
+absl::StatusOr<std::array<uint64_t, 5>> PlanBytes(const Plan& plan,
+                                                  const layout::KvGeometry& geometry);
+
+// Peak and mean of T0 bytes over a run's re-tierings: what every report states besides the
+// cumulative evicted fraction. Thread-compatible.
+class T0BytesSeries {
+ public:
+  void Add(uint64_t t0_bytes) {
+    peak_ = t0_bytes > peak_ ? t0_bytes : peak_;
+    sum_ += static_cast<double>(t0_bytes);
+    ++count_;
+  }
+  uint64_t peak() const { return peak_; }
+  double mean() const { return count_ == 0 ? 0.0 : sum_ / static_cast<double>(count_); }
+  uint64_t count() const { return count_; }
+
+ private:
+  uint64_t peak_ = 0;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
 }  // namespace kvtier::tiering
 
 #endif  // KVTIER_CORE_TIERING_PLAN_H_
