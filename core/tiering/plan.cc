@@ -77,6 +77,18 @@ absl::StatusOr<Plan> MakePlan(const Placement& current, const Placement& target)
   return plan;
 }
 
+absl::StatusOr<Placement> WithoutNewOffloads(const Placement& current, const Placement& target) {
+  RETURN_IF_ERROR(MakePlan(current, target).status());
+  Placement out = target;
+  for (uint32_t g = 0; g < out.num_groups; ++g) {
+    for (uint32_t p = 0; p < out.num_pages; ++p) {
+      const Tier to = out.at(g, p);
+      if (to == Tier::kT1 || to == Tier::kT2) out.at(g, p) = TierAt(current, g, p);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Placement> ApplyPlan(const Placement& current, const Plan& plan,
                                     uint32_t num_pages) {
   RETURN_IF_ERROR(CheckShape(current, "current"));

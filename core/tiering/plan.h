@@ -34,6 +34,11 @@ absl::StatusOr<Plan> MakePlan(const Placement& current, const Placement& target)
 // INVALID_ARGUMENT when a move's `from` is not the page's tier or it names a page out of range.
 absl::StatusOr<Placement> ApplyPlan(const Placement& current, const Plan& plan, uint32_t num_pages);
 
+// The worker's fallback when the daemon is unreachable (DESIGN.md §3): the policy's target with
+// every move that needs a new host slot undone — a page the target sends to T1 or T2 from another
+// tier keeps its current tier. Evictions and promotions to T0 stay. Errors as MakePlan.
+absl::StatusOr<Placement> WithoutNewOffloads(const Placement& current, const Placement& target);
+
 // Tokens and bytes of one placement. Token counts add over groups (a token counted once per
 // group); with one group they are tokens.
 struct PlacementReport {

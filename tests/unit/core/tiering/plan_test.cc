@@ -44,6 +44,18 @@ TEST(PlanTest, NewPagesCountAsT0AndApplyYieldsTarget) {
   EXPECT_EQ(*applied, tgt);
 }
 
+TEST(PlanTest, WithoutNewOffloadsKeepsEvictionsAndPromotionsOnly) {
+  const Placement cur = One({T0, T1, T2, T0, T1, T0});
+  const Placement tgt = One({T1, T0, T1, T3, T2, T2, T0});
+  auto local = WithoutNewOffloads(cur, tgt);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, One({T0, T0, T2, T3, T1, T0, T0}));
+  auto plan = MakePlan(cur, *local);
+  ASSERT_TRUE(plan.ok());
+  for (const Move& m : plan->moves) EXPECT_TRUE(m.to == T0 || m.to == T3);
+  EXPECT_FALSE(WithoutNewOffloads(One({T3}), One({T1})).ok());
+}
+
 TEST(PlanTest, RefusesToResurrectAnEvictedPage) {
   auto plan = MakePlan(One({T3, T0}), One({T1, T0}));
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
