@@ -114,6 +114,22 @@ bool UseAvx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
+
+// Max of |x| over the first multiple of 16 columns (exact: max is order-free); returns how
+// many columns it covered.
+__attribute__((target("avx2"))) uint32_t AbsMaxAvx2(const float* src, uint32_t cols, float* m) {
+  const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(kF32AbsMask));
+  __m256 m0 = _mm256_setzero_ps(), m1 = m0;
+  uint32_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    m0 = _mm256_max_ps(m0, _mm256_and_ps(_mm256_loadu_ps(src + c), mask));
+    m1 = _mm256_max_ps(m1, _mm256_and_ps(_mm256_loadu_ps(src + c + 8), mask));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  for (float v : lanes) *m = std::max(*m, v);
+  return c;
+}
 #endif
 
 void EncodeRow(const float* src, uint32_t cols, float inv, uint8_t* dst) {
@@ -127,9 +143,13 @@ KVTIER_CODEC_CLONES void DecodeRow(const uint8_t* src, uint32_t cols, float scal
   for (uint32_t c = 0; c < cols; ++c) dst[c] = kDecodeTable[src[c]] * scale;
 }
 
-KVTIER_CODEC_CLONES float AbsMax(const float* src, uint32_t cols) {
+float AbsMax(const float* src, uint32_t cols) {
+  uint32_t c = 0;
   float m = 0.f;
-  for (uint32_t c = 0; c < cols; ++c) m = std::max(m, std::fabs(src[c]));
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (UseAvx2()) c = AbsMaxAvx2(src, cols, &m);
+#endif
+  for (; c < cols; ++c) m = std::max(m, std::fabs(src[c]));
   return m;
 }
 
