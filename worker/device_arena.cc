@@ -11,7 +11,7 @@ namespace kvtier::worker {
 absl::StatusOr<uint8_t*> HostArena::Allocate(uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("bytes must be positive, got 0");
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (used_ + bytes > capacity_) {
       return absl::ResourceExhaustedError(absl::StrCat("device arena full: ", used_, " + ", bytes,
                                                        " > capacity ", capacity_, " bytes"));
@@ -27,7 +27,7 @@ absl::StatusOr<uint8_t*> HostArena::Allocate(uint64_t bytes) {
   }
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (p == nullptr) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     used_ -= bytes;
     return absl::ResourceExhaustedError(absl::StrCat("host allocation of ", bytes, " failed"));
   }
@@ -35,25 +35,25 @@ absl::StatusOr<uint8_t*> HostArena::Allocate(uint64_t bytes) {
 }
 
 void HostArena::Free(uint8_t* block, uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   used_ -= bytes;
   cached_[bytes].push_back(block);
 }
 
 HostArena::~HostArena() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto& [bytes, blocks] : cached_) {
     for (uint8_t* b : blocks) std::free(b);
   }
 }
 
 uint64_t HostArena::used_bytes() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return used_;
 }
 
 uint64_t HostArena::peak_bytes() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return peak_;
 }
 

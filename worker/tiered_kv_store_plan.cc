@@ -46,6 +46,7 @@ absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
   const uint32_t pages = num_pages();
   const bool partial_tail = lengths_[0] % geometry_.page_tokens != 0;
   absl::flat_hash_map<uint64_t, size_t> seen;
+  seen.reserve(moves.size());
   int64_t arena_used = static_cast<int64_t>(memory_.arena->used_bytes());
   const int64_t arena_capacity = static_cast<int64_t>(memory_.arena->capacity_bytes());
   for (size_t i = 0; i < moves.size(); ++i) {
@@ -109,6 +110,8 @@ absl::Status TieredKvStore::ValidateSlots(const std::vector<Move>& moves,
     int64_t index;
   };
   std::vector<Interval> in_use[2];
+  in_use[0].reserve(pages_.size() * num_pages() + moves.size());
+  in_use[1].reserve(pages_.size() * num_pages() + moves.size());
   for (uint32_t g = 0; g < pages_.size(); ++g) {
     for (const PageEntry& e : pages_[g]) {
       if (e.tier == Tier::kT1)
