@@ -192,15 +192,20 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
 
   v1::TierPlan plan;
   plan.set_sequence_id(s->id);
-  const uint64_t version = s->next_version++;
+  const uint64_t version = s->next_version;
   plan.set_plan_version(version);
   plan.mutable_target_tiers()->resize(target.tiers.size());
   for (size_t i = 0; i < target.tiers.size(); ++i) {
     (*plan.mutable_target_tiers())[i] = static_cast<char>(target.tiers[i]);
   }
+  absl::StatusOr<std::vector<tiering::Move>> ordered = OrderedMoves(current, target);
+  if (!ordered.ok()) {
+    for (Slot& slot : dst) ReleaseLocked(*w, slot);
+    return ordered.status();
+  }
+  const std::vector<tiering::Move>& moves = *ordered;
   PendingPlan pending;
   pending.version = version;
-  std::vector<tiering::Move> moves = OrderedMoves(current, target);
   pending.moves.reserve(moves.size());
   std::string* from_bytes = plan.mutable_move_from();
   std::string* to_bytes = plan.mutable_move_to();
@@ -235,6 +240,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
   pending.figures = ComputeFigures(w->geometry, target, s->prompt_tokens, s->length);
   pending.figures.ToProto(plan.mutable_report());
   s->pending = std::move(pending);
+  ++s->next_version;
   UpdateGaugesLocked();
   return plan;
 }

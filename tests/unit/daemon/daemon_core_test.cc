@@ -473,7 +473,7 @@ TEST(DaemonCoreTest, FullPolicyKeepsEverythingInT0AndStreamingEvicts) {
   Env env;
   SimWorker w(env.core.get());
   auto full = w.Open(10, Policy("full", 0.1, 0, 0));
-  auto streaming = w.Open(10, Policy("streaming", 1, 0, 0));
+  auto streaming = w.Open(10, Policy("streaming", 1, 1, 0));
   ASSERT_TRUE(full.ok() && streaming.ok());
   auto pf = w.Snapshot(*full, 1000, RampScores(63));
   ASSERT_TRUE(pf.ok());
