@@ -236,6 +236,7 @@ TEST(DaemonCoreTest, LeaseExpiryReturnsAllSlotsAndWorkerMustRegisterAgain) {
   env.clock.Advance(absl::Seconds(6));
   EXPECT_EQ(env.core->ReapExpired(), 1);
   EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), both / 2);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
   EXPECT_EQ(a.Heartbeat().code(), absl::StatusCode::kFailedPrecondition);
   auto back = a.Snapshot(*sa, 1616, RampScores(101));
   EXPECT_EQ(back.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -368,7 +369,7 @@ TEST(DaemonCoreTest, NoSlotOwnedTwiceUnderRandomWorkload) {
   std::vector<std::unique_ptr<SimWorker>> workers;
   for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<SimWorker>(env.core.get()));
   std::map<uint64_t, v1::TierPlan> inflight;  // seq -> plan
-  for (int step = 0; step < 400; ++step) {
+  for (int step = 0; step < 1500; ++step) {
     SimWorker& w = *workers[rng() % workers.size()];
     int op = rng() % 10;
     auto& seqs = w.sequences();
@@ -420,6 +421,8 @@ TEST(DaemonCoreTest, NoSlotOwnedTwiceUnderRandomWorkload) {
         }
       }
     }
+    ASSERT_TRUE(testing::CoreInvariants(env.core.get()).ok())
+        << testing::CoreInvariants(env.core.get());
     ASSERT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).slots_used(), n[0]);
     ASSERT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_COMPRESSED).slots_used(), n[1]);
   }
