@@ -3,9 +3,11 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "daemon/shm_segment.h"
 #include "tests/unit/daemon/core_test_util.h"
@@ -509,6 +511,61 @@ TEST(DaemonCoreTest, MetricsFollowTheFlow) {
   EXPECT_NE(text.find("kvtier_plan_latency_seconds_count 1"), std::string::npos);
   EXPECT_EQ(text.find("kvtier_hbm_saved_bytes 0\n"), std::string::npos);
   EXPECT_EQ(text.find("kvtier_plan_evicted_tokens_total 0\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
+
+namespace kvtier::daemon {
+namespace {
+
+// gRPC threads call the core concurrently: several workers running full rounds at once, with a
+// reaper and status readers in parallel, leave the bookkeeping consistent.
+TEST(DaemonCoreConcurrencyTest, ConcurrentWorkersKeepInvariants) {
+  Env env(SmallOptions(40 * kT1Slot, 40 * 2560));
+  constexpr int kThreads = 4;
+  std::vector<std::unique_ptr<SimWorker>> workers;
+  for (int i = 0; i < kThreads; ++i) workers.push_back(std::make_unique<SimWorker>(env.core.get()));
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      SimWorker& w = *workers[t];
+      for (int round = 0; round < 30; ++round) {
+        auto seq = w.Open(32, Policy("hierarchy", 0.2, 0.1, 0.2));
+        if (!seq.ok()) {
+          ++failures;
+          continue;
+        }
+        for (uint64_t len = 400; len < 1400; len += 200) {
+          auto plan = w.Snapshot(*seq, len, RampScores(90, t * 100 + round));
+          if (!plan.ok() || !w.Ack(*plan, (len / 200) % 3 != 0).ok()) ++failures;
+        }
+        v1::CloseSequenceRequest c;
+        c.set_worker_id(w.id());
+        c.set_sequence_id(*seq);
+        if (!env.core->CloseSequence(c).ok()) ++failures;
+        w.sequences().erase(*seq);
+      }
+    });
+  }
+  std::thread observer([&] {
+    while (!stop.load()) {
+      (void)env.core->ReapExpired();  // the clock does not move: nothing may be reaped
+      v1::GetStatusRequest r;
+      r.set_include_sequences(true);
+      (void)env.core->GetStatus(r);
+      if (!testing::CoreInvariants(env.core.get()).ok()) ++failures;
+    }
+  });
+  for (auto& th : threads) th.join();
+  stop = true;
+  observer.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), 0u);
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_COMPRESSED).used_bytes(), 0u);
 }
 
 }  // namespace
