@@ -129,6 +129,14 @@ v1::SubmitSnapshotRequest HonestSnapshot(FuzzedDataProvider& in, uint64_t seq_id
   return r;
 }
 
+// Successful operations by kind (register, heartbeat, open, snapshot, ack, close), printed at exit
+// when KVTIER_FUZZ_STATS is set: shows the fuzzer gets past validation.
+uint64_t g_ok[6];
+void PrintStats() {
+  std::fprintf(stderr, "ok: register %lu heartbeat %lu open %lu snapshot %lu ack %lu close %lu\n",
+               g_ok[0], g_ok[1], g_ok[2], g_ok[3], g_ok[4], g_ok[5]);
+}
+
 void Check(DaemonCore* core) {
   absl::Status st = static_cast<internal::DaemonCoreImpl*>(core)->CheckInvariants();
   if (!st.ok()) {
@@ -138,6 +146,11 @@ void Check(DaemonCore* core) {
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (std::getenv("KVTIER_FUZZ_STATS") != nullptr) std::atexit(PrintStats);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
@@ -176,6 +189,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         v1::RegisterWorkerRequest r = FuzzRegister(in);
         auto resp = core->RegisterWorker(r);
         if (resp.ok()) {
+          ++g_ok[0];
           workers.push_back({resp->worker_id(), resp->daemon_epoch(), r.geometry().layer_groups(),
                              r.geometry().page_tokens()});
         }
@@ -186,7 +200,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r.set_worker_id(pick_worker());
         r.set_daemon_epoch(workers.empty() || in.ConsumeBool() ? in.ConsumeIntegral<uint64_t>()
                                                                : workers[0].epoch);
-        (void)core->Heartbeat(r);
+        if (core->Heartbeat(r).ok()) ++g_ok[1];
         break;
       }
       case 2: {
@@ -196,6 +210,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         *r.mutable_policy() = FuzzPolicy(in);
         auto resp = core->OpenSequence(r);
         if (resp.ok()) {
+          ++g_ok[2];
           SeqView s;
           s.worker = r.worker_id();
           s.prompt = r.prompt_tokens();
@@ -226,6 +241,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           r.set_last_plan_version(in.ConsumeIntegralInRange<uint64_t>(0, 3));
         }
         auto plan = core->SubmitSnapshot(r);
+        if (plan.ok()) ++g_ok[3];
         if (plan.ok() && it != seqs.end()) {
           SeqView& s = it->second;
           s.inflight = true;
@@ -248,7 +264,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r.set_plan_version(use_real ? it->second.plan.plan_version()
                                     : in.ConsumeIntegralInRange<uint64_t>(0, 4));
         r.set_applied(in.ConsumeBool());
-        if (core->AckPlan(r).ok() && it != seqs.end()) {
+        const bool acked = core->AckPlan(r).ok();
+        if (acked) ++g_ok[4];
+        if (acked && it != seqs.end()) {
           SeqView& s = it->second;
           s.inflight = false;
           s.last_plan = r.plan_version();
@@ -262,7 +280,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto it = seqs.find(id);
         r.set_worker_id(it != seqs.end() && in.ConsumeBool() ? it->second.worker : pick_worker());
         r.set_sequence_id(id);
-        if (core->CloseSequence(r).ok()) seqs.erase(id);
+        if (core->CloseSequence(r).ok()) {
+          ++g_ok[5];
+          seqs.erase(id);
+        }
         break;
       }
       case 6:
