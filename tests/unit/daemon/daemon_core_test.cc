@@ -570,3 +570,55 @@ TEST(DaemonCoreConcurrencyTest, ConcurrentWorkersKeepInvariants) {
 
 }  // namespace
 }  // namespace kvtier::daemon
+
+namespace kvtier::daemon {
+namespace {
+
+// Workers running different models share the pools: each gets slots of its own page size.
+TEST(DaemonCoreTest, WorkersWithDifferentPageSizesShareThePools) {
+  Env env(SmallOptions(16ull << 20, 8ull << 20));
+  SimWorker small(env.core.get());
+  v1::RegisterWorkerRequest big_req = testing::WorkerRequest();
+  big_req.mutable_geometry()->set_head_dim(48);  // 3x the page: 24576-byte T1 slots
+  big_req.set_t1_page_bytes(3 * kT1Slot);
+  big_req.set_t2_page_bytes(7000);
+  auto big = env.core->RegisterWorker(big_req);
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto s1 = small.Open(0, Policy("hierarchy", 0.2, 0, 0.2));
+  ASSERT_TRUE(s1.ok());
+  v1::OpenSequenceRequest open;
+  open.set_worker_id(big->worker_id());
+  *open.mutable_policy() = Policy("hierarchy", 0.2, 0, 0.2);
+  auto s2 = env.core->OpenSequence(open);
+  ASSERT_TRUE(s2.ok());
+  auto p1 = small.Snapshot(*s1, 1600, RampScores(100));
+  ASSERT_TRUE(p1.ok());
+  v1::SubmitSnapshotRequest r;
+  r.set_worker_id(big->worker_id());
+  r.set_sequence_id(s2->sequence_id());
+  r.set_length(1600);
+  r.set_num_pages(100);
+  for (float f : RampScores(100, 3)) r.add_page_scores(f);
+  r.set_current_tiers(std::string(100, '\0'));
+  auto p2 = env.core->SubmitSnapshot(r);
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  const uint64_t t1 =
+      CountTier(p1->target_tiers(), 1) * kT1Slot + CountTier(p2->target_tiers(), 1) * 3 * kT1Slot;
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), t1);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+  // Slots of the two sizes never overlap.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (int i = 0; i < p1->move_group_size(); ++i) {
+    if (p1->move_to()[i] == 1) ranges.emplace_back(p1->move_dst_slot(i), kT1Slot);
+  }
+  for (int i = 0; i < p2->move_group_size(); ++i) {
+    if (p2->move_to()[i] == 1) ranges.emplace_back(p2->move_dst_slot(i), 3 * kT1Slot);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    EXPECT_LE(ranges[i - 1].first + ranges[i - 1].second, ranges[i].first);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
