@@ -32,6 +32,7 @@ struct CoreOptions {
   uint64_t worker_compressed_quota_bytes = 0;
   std::string listen_address;   // shown in status
   std::string metrics_address;  // shown in status
+  uint64_t daemon_epoch = 0;    // 0 = random per start (tests may fix it)
 };
 
 // Owns the pools, the registry of workers and sequences, and the leases. Thread-safe: every
