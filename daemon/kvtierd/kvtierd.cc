@@ -3,6 +3,7 @@
 #include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <prometheus/exposer.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
