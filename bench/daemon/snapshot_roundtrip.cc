@@ -1,4 +1,4 @@
-// Snapshot -> plan round trips over kvtierd's unix socket, with real worker clients.
+// Snapshot -> plan round trips (latency: SubmitSnapshot alone; plans/s: snapshot + ack) over kvtierd's unix socket, with real worker clients.
 //
 // Open loop: W workers each offer one snapshot every --period-ms (2K pages each); reports
 // p50/p99 latency. Closed loop: the same workers submit back to back; reports plans/s.
@@ -95,8 +95,9 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     }
     absl::Time t0 = absl::Now();
     auto plan = client->SubmitSnapshot(std::move(snap));
+    const double latency_us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     if (!plan.ok() || !client->AckPlan(s.id, plan->plan_version(), true).ok()) continue;
-    out->latencies_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    out->latencies_us.push_back(latency_us);
     ++out->plans;
     s.tiers = plan->target_tiers();
     s.acked = plan->plan_version();

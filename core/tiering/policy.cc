@@ -7,16 +7,14 @@
 #include "core/status/status_macros.h"
 
 namespace kvtier::tiering {
-namespace {
 
-// Checks the placement against the sequence and sizes the target like it.
-absl::StatusOr<Placement> TargetShape(const DecisionInput& in, uint32_t page_tokens) {
-  const Placement& cur = in.current;
-  const uint64_t pages = (in.sequence.length + page_tokens - 1) / page_tokens;
-  if (in.sequence.prompt_tokens > in.sequence.length) {
+absl::StatusOr<Placement> TargetShape(const SequenceState& sequence, const Placement& cur,
+                                      uint32_t page_tokens) {
+  const uint64_t pages = (sequence.length + page_tokens - 1) / page_tokens;
+  if (sequence.prompt_tokens > sequence.length) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sequence.prompt_tokens (", in.sequence.prompt_tokens,
-                     ") exceeds sequence.length (", in.sequence.length, ")"));
+        absl::StrCat("sequence.prompt_tokens (", sequence.prompt_tokens,
+                     ") exceeds sequence.length (", sequence.length, ")"));
   }
   if (cur.num_groups == 0) {
     return absl::InvalidArgumentError("current.num_groups must be positive, got 0");
@@ -29,11 +27,11 @@ absl::StatusOr<Placement> TargetShape(const DecisionInput& in, uint32_t page_tok
   if (cur.num_pages > pages) {
     return absl::InvalidArgumentError(absl::StrCat("current.num_pages (", cur.num_pages,
                                                    ") exceeds the ", pages, " pages of a ",
-                                                   in.sequence.length, "-token sequence"));
+                                                   sequence.length, "-token sequence"));
   }
   if (pages > UINT32_MAX) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sequence.length ", in.sequence.length, " needs more than 2^32 pages"));
+        absl::StrCat("sequence.length ", sequence.length, " needs more than 2^32 pages"));
   }
   Placement target;
   target.num_groups = cur.num_groups;
@@ -41,6 +39,8 @@ absl::StatusOr<Placement> TargetShape(const DecisionInput& in, uint32_t page_tok
   target.tiers.assign(uint64_t{target.num_groups} * pages, Tier::kT0);
   return target;
 }
+
+namespace {
 
 absl::Status CheckScores(const DecisionInput& in, const Placement& target) {
   if (in.page_scores.size() == target.tiers.size()) return absl::OkStatus();
@@ -79,7 +79,7 @@ class HierarchyPolicy final : public Policy {
   std::string_view Name() const override { return "hierarchy"; }
   bool NeedsWorkerState() const override { return false; }
   absl::StatusOr<Decision> DecideDetailed(const DecisionInput& in) const override {
-    ASSIGN_OR_RETURN(Placement target, TargetShape(in, config().page_tokens));
+    ASSIGN_OR_RETURN(Placement target, TargetShape(in.sequence, in.current, config().page_tokens));
     RETURN_IF_ERROR(CheckScores(in, target));
     return SelectAll(in, std::move(target), HierarchyProtectedPages(config(), in.sequence),
                      config().page_tokens, config().budgets, in.page_scores, true);
@@ -93,7 +93,7 @@ class FullPolicy final : public Policy {
   std::string_view Name() const override { return "full"; }
   bool NeedsWorkerState() const override { return false; }
   absl::StatusOr<Decision> DecideDetailed(const DecisionInput& in) const override {
-    ASSIGN_OR_RETURN(Placement target, TargetShape(in, config().page_tokens));
+    ASSIGN_OR_RETURN(Placement target, TargetShape(in.sequence, in.current, config().page_tokens));
     std::vector<float> zeros(target.num_pages, 0.0f);
     return SelectAll(in, std::move(target), HierarchyProtectedPages(config(), in.sequence),
                      config().page_tokens, Budgets{}, zeros, false);
@@ -112,7 +112,7 @@ class StreamingPolicy final : public Policy {
   std::string_view Name() const override { return "streaming"; }
   bool NeedsWorkerState() const override { return false; }
   absl::StatusOr<Decision> DecideDetailed(const DecisionInput& in) const override {
-    ASSIGN_OR_RETURN(Placement target, TargetShape(in, config().page_tokens));
+    ASSIGN_OR_RETURN(Placement target, TargetShape(in.sequence, in.current, config().page_tokens));
     const TieringConfig& c = config();
     const SequenceState& s = in.sequence;
     const uint64_t window_begin = s.length > c.window_tokens ? s.length - c.window_tokens : 0;

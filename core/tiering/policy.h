@@ -72,6 +72,12 @@ class Policy {
   TieringConfig config_;
 };
 
+// Checks `current` against the sequence (groups ≥ 1, tiers sized groups × pages, no more pages
+// than ceil(length / page_tokens), prompt ≤ length) and returns an all-T0 target of the
+// sequence's full page count. Shared by the policies; INVALID_ARGUMENT naming the field.
+absl::StatusOr<Placement> TargetShape(const SequenceState& sequence, const Placement& current,
+                                      uint32_t page_tokens);
+
 // Names MakePolicy accepts.
 inline constexpr std::string_view kPolicyNames[] = {"full", "hierarchy", "arkv",
                                                     "h2o",  "streaming", "rkv"};

@@ -89,7 +89,9 @@ void CheckPlan(const Placement& current, const Placement& target) {
     ASSERT_NE(m.from, m.to);
     ASSERT_EQ(m.lossy, m.from == Tier::kT2);
     if (m.to == Tier::kT0) promoted = true;
-    if (m.from == Tier::kT0) ASSERT_FALSE(promoted) << "demotion after a promotion";
+    if (m.from == Tier::kT0) {
+      ASSERT_FALSE(promoted) << "demotion after a promotion";
+    }
     t0 += (m.to == Tier::kT0) - (m.from == Tier::kT0);
     ASSERT_LE(t0, limit);
   }
@@ -130,11 +132,15 @@ void RunScenario(const Scenario& s, std::mt19937_64& rng, int rounds) {
       ASSERT_EQ(got, ref.tiers) << "group " << g << " length " << length;
       // Protected pages never leave T0.
       for (uint32_t p = 0; p < pages; ++p) {
-        if (prot[p]) ASSERT_EQ(target.at(g, p), Tier::kT0) << "protected page " << p;
+        if (prot[p]) {
+          ASSERT_EQ(target.at(g, p), Tier::kT0) << "protected page " << p;
+        }
       }
       // Evicted set is monotone and exactly floor(r × eligible) rounded down to pages.
       for (uint32_t p = 0; p < current.num_pages; ++p) {
-        if (current.at(g, p) == Tier::kT3) ASSERT_EQ(target.at(g, p), Tier::kT3);
+        if (current.at(g, p) == Tier::kT3) {
+          ASSERT_EQ(target.at(g, p), Tier::kT3);
+        }
       }
       const uint64_t eligible = std::count(prot.begin(), prot.end(), false) * uint64_t{pt};
       const uint64_t evicted_tokens = TierTokens(target, g, Tier::kT3, length, pt);
@@ -173,6 +179,27 @@ TEST(HierarchyPropertyTest, MatchesFullSortModelAndKeepsEveryInvariant) {
                  << s.ref.hbm_milli << " gamma=" << s.ref.compress_milli << " groups=" << s.groups);
     RunScenario(s, rng, 6);
     if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// The partial selection and the full sort decide identically (ties broken by page).
+TEST(HierarchyPropertyTest, NthElementAndFullSortAgree) {
+  std::mt19937_64 rng(99);
+  for (int i = 0; i < 500; ++i) {
+    const Scenario s = RandomScenario(rng);
+    const uint64_t length = s.prompt + std::uniform_int_distribution<uint64_t>(1, 3000)(rng);
+    const SequenceState seq{.prompt_tokens = s.prompt, .length = length};
+    const ProtectedPages prot = HierarchyProtectedPages(s.config, seq);
+    std::vector<float> scores(prot.num_pages);
+    std::uniform_int_distribution<int> tie(0, 5);
+    for (float& x : scores) x = static_cast<float>(tie(rng));
+    std::vector<Tier> a(prot.num_pages), b(prot.num_pages);
+    auto sa = SelectGroup(scores, {}, prot, s.ref.page_tokens, length, s.config.budgets, 0,
+                          absl::MakeSpan(a), nullptr, SelectMethod::kNthElement);
+    auto sb = SelectGroup(scores, {}, prot, s.ref.page_tokens, length, s.config.budgets, 0,
+                          absl::MakeSpan(b), nullptr, SelectMethod::kFullSort);
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    ASSERT_EQ(a, b) << "scenario " << i;
   }
 }
 
