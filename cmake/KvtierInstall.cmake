@@ -31,12 +31,49 @@ foreach(program kvtierd kvtierctl kvtier-run)
   endif()
 endforeach()
 
+# The static kvtier libraries `target` links, itself first, dependencies after their users (the
+# order a static link line needs). Header-only (INTERFACE) ones are skipped.
+function(kvtier_static_closure target out)
+  set(order "")
+  set(pending ${target})
+  set(steps 0)
+  while(pending)
+    math(EXPR steps "${steps} + 1")
+    if(steps GREATER 10000)
+      message(FATAL_ERROR "kvtier_static_closure(${target}): dependency cycle")
+    endif()
+    list(POP_FRONT pending lib)
+    if(lib MATCHES "^kvtier::(.*)$")
+      set(lib kvtier_${CMAKE_MATCH_1})
+    endif()
+    if(NOT lib MATCHES "^kvtier_" OR NOT TARGET ${lib})
+      continue()
+    endif()
+    get_target_property(type ${lib} TYPE)
+    if(type STREQUAL "INTERFACE_LIBRARY")
+      get_target_property(deps ${lib} INTERFACE_LINK_LIBRARIES)
+    else()
+      list(REMOVE_ITEM order ${lib})  # a later user moves it after that user
+      list(APPEND order ${lib})
+      get_target_property(deps ${lib} LINK_LIBRARIES)
+    endif()
+    if(deps)
+      list(APPEND pending ${deps})
+    endif()
+  endwhile()
+  set(${out} ${order} PARENT_SCOPE)
+endfunction()
+
 # ---- client library: libkvtier_client and the static kvtier libraries it links ----
 if(TARGET kvtier_client)
-  set(kvtier_client_libs kvtier_client kvtier_rpc_status kvtier_layout kvtier_proto)
+  kvtier_static_closure(kvtier_client kvtier_client_libs)
+  set(KVTIER_PC_LIBS "")
   foreach(lib ${kvtier_client_libs})
     install(TARGETS ${lib} ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT devel)
+    string(REGEX REPLACE "^kvtier_" "" name ${lib})
+    string(APPEND KVTIER_PC_LIBS " -lkvtier_${name}")
   endforeach()
+  string(APPEND KVTIER_PC_LIBS " -lrt")
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/include/kvtier
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT devel FILES_MATCHING PATTERN "*.h")
   # client.h includes "kvtier/v1/kvtier.pb.h": the generated contract is public too.
@@ -44,7 +81,6 @@ if(TARGET kvtier_client)
                 ${PROJECT_BINARY_DIR}/proto/gen/kvtier/v1/kvtier.grpc.pb.h
                 ${PROJECT_SOURCE_DIR}/proto/kvtier/v1/kvtier.proto
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvtier/v1 COMPONENT devel)
-  set(KVTIER_PC_LIBS "-lkvtier_client -lkvtier_rpc_status -lkvtier_layout -lkvtier_proto -lrt")
   configure_file(${PROJECT_SOURCE_DIR}/deploy/kvtier-client.pc.in
                  ${PROJECT_BINARY_DIR}/deploy/kvtier-client.pc @ONLY)
   install(FILES ${PROJECT_BINARY_DIR}/deploy/kvtier-client.pc
