@@ -55,6 +55,11 @@ def check_daemonset(ds, path):
     caps = sc.get("capabilities", {}).get("add", [])
     check("IPC_LOCK" in caps or sc.get("privileged") is True,
           f"{path}: kvtierd needs IPC_LOCK (or privileged) for memlock")
+    # Kubernetes sets no ambient capabilities: an added one is effective only for uid 0.
+    uid = sc.get("runAsUser", spec.get("securityContext", {}).get("runAsUser"))
+    check(sc.get("privileged") is True or uid == 0,
+          f"{path}: IPC_LOCK is effective only for runAsUser: 0 (got {uid})")
+    check(sc.get("allowPrivilegeEscalation") is False, f"{path}: allowPrivilegeEscalation: false")
     limits = c.get("resources", {}).get("limits", {})
     requests = c.get("resources", {}).get("requests", {})
     check("memory" in limits and "memory" in requests, f"{path}: memory requests and limits")
