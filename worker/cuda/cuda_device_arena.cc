@@ -1,0 +1,71 @@
+#include "worker/cuda/cuda_device_arena.h"
+
+#include <algorithm>
+
+#include "worker/cuda/cuda_status.h"
+
+namespace kvtier::worker::cuda {
+
+absl::StatusOr<std::unique_ptr<CudaDeviceArena>> CudaDeviceArena::Create(uint64_t capacity_bytes) {
+  if (capacity_bytes < kArenaAlignment) {
+    return absl::InvalidArgumentError("capacity_bytes must be >= 256");
+  }
+  void* base = nullptr;
+  KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&base, capacity_bytes));
+  cudaStream_t stream = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    cudaFree(base);
+    return CudaStatus(e, "cudaStreamCreateWithFlags");
+  }
+  return std::unique_ptr<CudaDeviceArena>(
+      new CudaDeviceArena(static_cast<uint8_t*>(base), capacity_bytes, stream));
+}
+
+CudaDeviceArena::~CudaDeviceArena() {
+  cudaStreamDestroy(stream_);
+  cudaFree(base_);
+}
+
+absl::StatusOr<uint8_t*> CudaDeviceArena::Allocate(uint64_t bytes) {
+  uint64_t offset = 0, rounded = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<uint64_t> got = ranges_.Allocate(bytes);
+    if (!got.ok()) return got.status();
+    offset = *got;
+    rounded = ranges_.RoundUp(bytes);
+    peak_ = std::max(peak_, ranges_.used());
+  }
+  uint8_t* block = base_ + offset;
+  cudaError_t e = cudaMemsetAsync(block, 0, rounded, stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+  if (e != cudaSuccess) {
+    absl::MutexLock lock(&mu_);
+    ranges_.Free(offset).IgnoreError();
+    return CudaStatus(e, "zero-filling an arena block");
+  }
+  return block;
+}
+
+void CudaDeviceArena::Free(uint8_t* block, uint64_t /*bytes*/) {
+  absl::MutexLock lock(&mu_);
+  ranges_.Free(static_cast<uint64_t>(block - base_)).IgnoreError();
+}
+
+uint64_t CudaDeviceArena::capacity_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return ranges_.capacity();
+}
+
+uint64_t CudaDeviceArena::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return ranges_.used();
+}
+
+uint64_t CudaDeviceArena::peak_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+}  // namespace kvtier::worker::cuda
