@@ -1,0 +1,264 @@
+// Data-plane benchmarks of libkvtier_worker (CPU backend). Every figure is also reported as a
+// ratio against a baseline measured in the same process on the same working-set size:
+//   pct_of_memcpy  : throughput / memcpy throughput (bytes copied per second)
+//   pct_of_bound   : (bytes read / memcpy bandwidth) / measured time  (the brief's bound)
+//   pct_of_read_bw : (bytes read / streaming-read bandwidth) / measured time (a tighter bound)
+//   mass_share     : (t_with_mass - t_without) / t_with_mass
+//
+// Run: build/bench/worker/worker_bench --benchmark_counters_tabular=true
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "worker/codecs/codec.h"
+#include "worker/device_arena.h"
+#include "worker/page_pool.h"
+#include "worker/tiered_kv_store.h"
+
+namespace kvtier::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tiering::Move;
+using tiering::Tier;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void FillPseudoRandom(float* p, size_t n, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    p[i] = static_cast<float>(static_cast<int32_t>(x >> 8) - (1 << 23)) / (1 << 22);
+  }
+}
+
+// Bytes/s of memcpy between two distinct buffers of `bytes` (cached per size).
+double MemcpyBandwidth(size_t bytes) {
+  static std::map<size_t, double> cache;
+  if (auto it = cache.find(bytes); it != cache.end()) return it->second;
+  std::vector<char> src(bytes, 1), dst(bytes, 2);
+  std::memcpy(dst.data(), src.data(), bytes);
+  size_t done = 0;
+  const auto start = Clock::now();
+  while (Seconds(start, Clock::now()) < 0.3) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+    done += bytes;
+  }
+  return cache[bytes] = done / Seconds(start, Clock::now());
+}
+
+// Bytes/s of a streaming read (integer sum) over `bytes` (cached per size).
+double ReadBandwidth(size_t bytes) {
+  static std::map<size_t, double> cache;
+  if (auto it = cache.find(bytes); it != cache.end()) return it->second;
+  std::vector<uint64_t> buf(bytes / 8, 3);
+  size_t done = 0;
+  uint64_t sum = 0;
+  const auto start = Clock::now();
+  while (Seconds(start, Clock::now()) < 0.3) {
+    for (uint64_t v : buf) sum += v;
+    benchmark::DoNotOptimize(sum);
+    done += bytes;
+  }
+  return cache[bytes] = done / Seconds(start, Clock::now());
+}
+
+layout::KvGeometry SmolLm(uint32_t layers, uint32_t page_tokens, uint32_t groups) {
+  layout::KvGeometry g;
+  g.num_layers = layers;
+  g.num_kv_heads = 3;
+  g.head_dim = 64;
+  g.page_tokens = page_tokens;
+  g.layer_groups = groups;
+  return g;
+}
+
+// A store over local host memory filled with `tokens` positions.
+struct Bed {
+  std::unique_ptr<HostArena> arena;
+  std::unique_ptr<HostPagePool> ddr, compressed;
+  std::unique_ptr<TieredKvStore> store;
+
+  Bed(const layout::KvGeometry& g, uint32_t tokens, uint64_t pool_bytes) {
+    arena = std::make_unique<HostArena>(uint64_t{1} << 36);
+    ddr = *HostPagePool::Create(PoolKind::kDdr, pool_bytes);
+    compressed = *HostPagePool::Create(PoolKind::kCompressed, pool_bytes);
+    TieredKvStoreOptions o;
+    o.geometry = g;
+    o.num_q_heads = 9;
+    store = *TieredKvStore::Create(o, {arena.get(), ddr.get(), compressed.get()});
+    const size_t row = g.ValuesPerTokenLayer();
+    std::vector<float> k(size_t{tokens} * row), v(k.size());
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      FillPseudoRandom(k.data(), k.size(), 2 * layer);
+      FillPseudoRandom(v.data(), v.size(), 2 * layer + 1);
+      (void)store->Append(layer, k.data(), v.data(), tokens);
+    }
+  }
+};
+
+// T0 -> T1 -> T0 round trips of every page through ApplyPlan vs memcpy of the same bytes.
+// Args: page_tokens, layer_groups.
+void BM_PageCopyT0T1(benchmark::State& state) {
+  const auto g = SmolLm(30, state.range(0), state.range(1));
+  const uint32_t pages = 32 * static_cast<uint32_t>(state.range(1));  // ~24 MB either way
+  const uint32_t tokens = pages / g.layer_groups * g.page_tokens;
+  const uint64_t slot = (DdrSlotBytes(g, 0) + 255) / 256 * 256 + 256;
+  Bed bed(g, tokens, slot * pages + (1 << 20));
+  std::vector<Move> out, back;
+  std::vector<SlotAssignment> out_slots, back_slots;
+  uint64_t bytes = 0;
+  for (uint32_t grp = 0; grp < g.layer_groups; ++grp) {
+    for (uint32_t p = 0; p < bed.store->num_pages(); ++p) {
+      out.push_back({grp, p, Tier::kT0, Tier::kT1});
+      back.push_back({grp, p, Tier::kT1, Tier::kT0});
+      out_slots.push_back({slot * out_slots.size()});
+      back_slots.push_back({0});
+      bytes += 2 * DdrSlotBytes(g, grp);
+    }
+  }
+  for (auto _ : state) {
+    if (!bed.store->ApplyPlan(out, out_slots).ok()) state.SkipWithError("offload failed");
+    if (!bed.store->ApplyPlan(back, back_slots).ok()) state.SkipWithError("promote failed");
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  // Whole ApplyPlan calls (validation included) against memcpy of the same bytes.
+  state.counters["pct_of_memcpy"] = benchmark::Counter(
+      100 * bytes / MemcpyBandwidth(bytes / 2), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["memcpy_GBps"] = MemcpyBandwidth(bytes / 2) / 1e9;
+  state.counters["page_KiB"] = DdrSlotBytes(g, 0) / 1024.0;
+}
+BENCHMARK(BM_PageCopyT0T1)->Args({16, 1})->Args({16, 30})->Args({1, 30})->UseRealTime();
+
+// Codec throughput in f32 input bytes/s over a working set of SmolLM pages (one layer's K or V
+// per call, [16][192]). Args: codec index, 0 = encode / 1 = decode.
+void BM_Codec(benchmark::State& state) {
+  const codecs::Codec& codec = *(*codecs::FindCodec(codecs::CodecNames()[state.range(0)]));
+  const bool decode = state.range(1) == 1;
+  constexpr uint32_t kRows = 16, kCols = 192, kTensors = 1024;  // 12 MiB of f32
+  const uint64_t in_bytes = uint64_t{kRows} * kCols * 4;
+  const uint64_t enc = codec.encoded_bytes(codecs::TensorRole::kKey, kRows, kCols) + 64;
+  std::vector<float> f32(size_t{kTensors} * kRows * kCols);
+  FillPseudoRandom(f32.data(), f32.size(), 7);
+  std::vector<uint8_t> packed(kTensors * enc);
+  for (uint32_t t = 0; t < kTensors; ++t) {
+    const auto role = t % 2 ? codecs::TensorRole::kValue : codecs::TensorRole::kKey;
+    codec.encode(role, f32.data() + size_t{t} * kRows * kCols, kRows, kCols,
+                 packed.data() + t * enc);
+  }
+  for (auto _ : state) {
+    for (uint32_t t = 0; t < kTensors; ++t) {
+      const auto role = t % 2 ? codecs::TensorRole::kValue : codecs::TensorRole::kKey;
+      float* x = f32.data() + size_t{t} * kRows * kCols;
+      if (decode) {
+        codec.decode(role, packed.data() + t * enc, kRows, kCols, x);
+      } else {
+        codec.encode(role, x, kRows, kCols, packed.data() + t * enc);
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  const double bytes = double(kTensors) * in_bytes;
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetLabel(std::string(codec.name) + (decode ? " decode" : " encode"));
+  state.counters["pct_of_memcpy"] = benchmark::Counter(
+      100 * bytes / MemcpyBandwidth(size_t(bytes)), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Codec)->ArgsProduct({{0, 1, 2}, {0, 1}})->UseRealTime();
+
+// Decode attention (n = 1, with position_mass) over `context` positions, SmolLM heads, cycling
+// over 8 layers so the KV working set (8 x context x 1.5 KiB) is not cache resident at 16K.
+// Args: context, percent of pages offloaded to T1 (read in place: same time expected).
+constexpr uint32_t kBenchLayers = 8;
+
+Bed& AttentionBed(uint32_t context) {
+  static std::map<uint32_t, std::unique_ptr<Bed>> beds;
+  auto& bed = beds[context];
+  if (!bed) {
+    const auto g = SmolLm(kBenchLayers, 16, 1);
+    bed = std::make_unique<Bed>(g, context, DdrSlotBytes(g, 0) * (context / 16 + 2));
+  }
+  return *bed;
+}
+
+void SetT1Share(Bed& bed, int percent) {
+  std::vector<Move> moves;
+  std::vector<SlotAssignment> slots;
+  const uint64_t slot = (DdrSlotBytes(bed.store->geometry(), 0) + 255) / 256 * 256;
+  for (uint32_t p = 0; p < bed.store->num_pages(); ++p) {
+    const Tier want = (p * 100 / bed.store->num_pages()) % 100 < uint32_t(percent) &&
+                              p % 2 == 0 ? Tier::kT1 : Tier::kT0;
+    const Tier have = bed.store->TierOf(0, p);
+    if (want == have) continue;
+    moves.push_back({0, p, have, want});
+    slots.push_back({slot * p});
+  }
+  (void)bed.store->ApplyPlan(moves, slots);
+}
+
+void BM_DecodeAttention(benchmark::State& state) {
+  const uint32_t context = state.range(0);
+  Bed& bed = AttentionBed(context);
+  SetT1Share(bed, state.range(1));
+  std::vector<float> q(9 * 64), out(9 * 64), mass(context);
+  FillPseudoRandom(q.data(), q.size(), 3);
+  uint32_t layer = 0;
+  for (auto _ : state) {
+    (void)bed.store->Attend(layer, q.data(), 1, out.data(), mass.data());
+    layer = (layer + 1) % kBenchLayers;
+  }
+  SetT1Share(bed, 0);
+  const double bytes_read = double(context) * 2 * 3 * 64 * 4;  // K and V of one layer
+  const size_t ws = size_t(bytes_read) * kBenchLayers;
+  state.SetBytesProcessed(state.iterations() * bytes_read);
+  state.counters["us_per_layer"] =
+      benchmark::Counter(1e6, benchmark::Counter::kIsIterationInvariantRate |
+                                  benchmark::Counter::kInvert);
+  state.counters["pct_of_bound"] = benchmark::Counter(
+      100 * bytes_read / MemcpyBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_of_read_bw"] = benchmark::Counter(
+      100 * bytes_read / ReadBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DecodeAttention)
+    ->ArgsProduct({{1024, 4096, 16384}, {0, 50}})
+    ->UseRealTime();
+
+// Share of attention time spent emitting position_mass: with and without, interleaved.
+void BM_PositionMassShare(benchmark::State& state) {
+  const uint32_t context = state.range(0);
+  Bed& bed = AttentionBed(context);
+  std::vector<float> q(9 * 64), out(9 * 64), mass(context);
+  FillPseudoRandom(q.data(), q.size(), 4);
+  double with = 0, without = 0;
+  uint32_t layer = 0;
+  for (auto _ : state) {
+    // Alternate which call goes first so neither always finds the layer's KV in cache.
+    const bool mass_first = layer % 2 == 0;
+    const auto a = Clock::now();
+    (void)bed.store->Attend(layer, q.data(), 1, out.data(), mass_first ? mass.data() : nullptr);
+    const auto b = Clock::now();
+    (void)bed.store->Attend(layer, q.data(), 1, out.data(), mass_first ? nullptr : mass.data());
+    const auto c = Clock::now();
+    with += mass_first ? Seconds(a, b) : Seconds(b, c);
+    without += mass_first ? Seconds(b, c) : Seconds(a, b);
+    ++layer;
+    layer %= kBenchLayers;
+  }
+  state.counters["us_with_mass"] = 1e6 * with / state.iterations();
+  state.counters["us_without"] = 1e6 * without / state.iterations();
+  state.counters["mass_share_pct"] = 100 * (with - without) / with;
+}
+BENCHMARK(BM_PositionMassShare)->Arg(1024)->Arg(4096)->Arg(16384)->UseRealTime();
+
+}  // namespace
+}  // namespace kvtier::worker

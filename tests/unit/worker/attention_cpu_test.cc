@@ -1,0 +1,200 @@
+#include "worker/kernels/attention_cpu.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvtier::worker::kernels {
+namespace {
+
+struct Shape {
+  uint32_t q_heads, kv_heads, head_dim, length, n;
+};
+
+// A cache of `length` positions as separately allocated rows, some evicted, optionally masked.
+struct Case {
+  Shape s;
+  std::vector<float> q, kv;  // kv: [length][2][kv_heads][head_dim]
+  std::vector<const float*> k_rows, v_rows;
+  std::vector<std::vector<uint8_t>> keep;
+  std::vector<const uint8_t*> keep_ptrs;
+
+  Case(Shape shape, uint32_t seed, double evict_p, double mask_p) : s(shape) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.f, 1.f);
+    std::bernoulli_distribution evict(evict_p), mask(mask_p);
+    const size_t row = size_t{s.kv_heads} * s.head_dim;
+    q.resize(size_t{s.n} * s.q_heads * s.head_dim);
+    for (float& x : q) x = n(rng);
+    kv.resize(size_t{s.length} * 2 * row);
+    for (float& x : kv) x = n(rng);
+    for (uint32_t p = 0; p < s.length; ++p) {
+      const bool gone = evict(rng);
+      k_rows.push_back(gone ? nullptr : kv.data() + 2 * row * p);
+      v_rows.push_back(gone ? nullptr : kv.data() + 2 * row * p + row);
+    }
+    if (mask_p > 0) {
+      keep.assign(s.kv_heads, std::vector<uint8_t>(s.length));
+      for (auto& k : keep) {
+        for (auto& b : k) b = mask(rng) ? 0 : 1;
+      }
+      for (auto& k : keep) keep_ptrs.push_back(k.data());
+    }
+  }
+
+  AttentionParams Params(float* out, float* mass, std::vector<float>& scratch) const {
+    scratch.assign(AttentionScratchFloats(s.q_heads, s.length), 0.f);
+    AttentionParams p;
+    p.q = q.data();
+    p.out = out;
+    p.position_mass = mass;
+    p.k_rows = k_rows.data();
+    p.v_rows = v_rows.data();
+    p.keep = keep.empty() ? nullptr : keep_ptrs.data();
+    p.length = s.length;
+    p.num_queries = s.n;
+    p.num_q_heads = s.q_heads;
+    p.num_kv_heads = s.kv_heads;
+    p.head_dim = s.head_dim;
+    p.scale = 1.f / std::sqrt(static_cast<float>(s.head_dim));
+    p.scratch = scratch.data();
+    return p;
+  }
+
+  // Straightforward double-precision attention.
+  void Reference(std::vector<double>& out, std::vector<double>& mass) const {
+    const uint32_t group = s.q_heads / s.kv_heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    out.assign(size_t{s.n} * s.q_heads * s.head_dim, 0.0);
+    mass.assign(s.length, 0.0);
+    for (uint32_t t = 0; t < s.n; ++t) {
+      const uint32_t last = s.length - s.n + t;
+      for (uint32_t h = 0; h < s.q_heads; ++h) {
+        const uint32_t kvh = h / group;
+        const float* qh = q.data() + (size_t{t} * s.q_heads + h) * s.head_dim;
+        std::vector<double> w(last + 1, 0.0);
+        double m = -INFINITY;
+        std::vector<bool> live(last + 1, false);
+        for (uint32_t p = 0; p <= last; ++p) {
+          live[p] = k_rows[p] != nullptr && (keep.empty() || keep[kvh][p]);
+          if (!live[p]) continue;
+          double d = 0;
+          for (uint32_t i = 0; i < s.head_dim; ++i) {
+            d += double{qh[i]} * k_rows[p][kvh * s.head_dim + i];
+          }
+          w[p] = d * scale;
+          m = std::max(m, w[p]);
+        }
+        double z = 0;
+        for (uint32_t p = 0; p <= last; ++p) z += live[p] ? std::exp(w[p] - m) : 0.0;
+        for (uint32_t p = 0; p <= last; ++p) {
+          const double a = live[p] ? std::exp(w[p] - m) / z : 0.0;
+          mass[p] += a;
+          for (uint32_t i = 0; i < s.head_dim && a > 0; ++i) {
+            out[(size_t{t} * s.q_heads + h) * s.head_dim + i] +=
+                a * v_rows[p][kvh * s.head_dim + i];
+          }
+        }
+      }
+    }
+  }
+};
+
+std::vector<Isa> UsableIsas(uint32_t head_dim) {
+  std::vector<Isa> out{Isa::kPortable};
+  if (IsaUsable(Isa::kAvx2Fma, head_dim)) out.push_back(Isa::kAvx2Fma);
+  return out;
+}
+
+// Tolerances: f32 accumulation over <= 200 positions of unit-normal data; expf error ~2 ulp.
+constexpr double kOutTol = 2e-5;
+constexpr double kMassTol = 2e-5;
+
+TEST(AttentionCpuTest, MatchesDoubleReferenceOverShapeGrid) {
+  const Shape shapes[] = {
+      {1, 1, 8, 1, 1},    {1, 1, 8, 9, 1},    {4, 2, 16, 33, 1}, {4, 2, 16, 33, 33},
+      {9, 3, 64, 100, 1}, {9, 3, 64, 70, 5},  {8, 1, 24, 17, 4}, {6, 3, 12, 40, 2},
+      {9, 3, 64, 200, 1}, {2, 2, 40, 64, 64}, {3, 1, 7, 11, 3},
+  };
+  uint32_t seed = 0;
+  for (const Shape& s : shapes) {
+    for (double evict : {0.0, 0.3}) {
+      for (double mask : {0.0, 0.25}) {
+        Case c(s, ++seed, evict, mask);
+        std::vector<double> ref_out, ref_mass;
+        c.Reference(ref_out, ref_mass);
+        for (Isa isa : UsableIsas(s.head_dim)) {
+          std::vector<float> out(ref_out.size(), NAN), mass(s.length, NAN), scratch;
+          Attention(c.Params(out.data(), mass.data(), scratch), isa);
+          SCOPED_TRACE(testing::Message()
+                       << "shape q" << s.q_heads << " kv" << s.kv_heads << " d" << s.head_dim
+                       << " L" << s.length << " n" << s.n << " evict " << evict << " mask " << mask
+                       << " isa " << static_cast<int>(isa));
+          for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref_out[i], kOutTol) << i;
+          for (size_t i = 0; i < mass.size(); ++i) {
+            ASSERT_NEAR(mass[i], ref_mass[i], kMassTol) << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionCpuTest, MassSumsToQueriesTimesHeadsAndIsZeroWhereDead) {
+  Case c({9, 3, 64, 120, 4}, 99, 0.2, 0.1);
+  std::vector<float> out(4 * 9 * 64), mass(120), scratch;
+  Attention(c.Params(out.data(), mass.data(), scratch));
+  double total = 0;
+  for (uint32_t p = 0; p < 120; ++p) {
+    total += mass[p];
+    if (c.k_rows[p] == nullptr) {
+      EXPECT_EQ(mass[p], 0.f) << p;
+    }
+  }
+  EXPECT_NEAR(total, 4.0 * 9, 1e-4);
+}
+
+TEST(AttentionCpuTest, ResultDependsOnlyOnValuesNotOnRowAddresses) {
+  // Same values, rows scattered over differently aligned buffers: bit-identical results.
+  for (Isa isa : UsableIsas(64)) {
+    Case c({9, 3, 64, 77, 3}, 5, 0.1, 0.0);
+    std::vector<float> out1(3 * 9 * 64), mass1(77), out2(out1.size()), mass2(77), scratch;
+    Attention(c.Params(out1.data(), mass1.data(), scratch), isa);
+    const size_t row = 3 * 64;
+    std::vector<std::vector<float>> copies;
+    for (uint32_t p = 0; p < 77; ++p) {
+      if (c.k_rows[p] == nullptr) continue;
+      copies.emplace_back(2 * row + 1 + p % 7);
+      float* dst = copies.back().data() + 1 + p % 7;  // odd offsets: misaligned
+      std::memcpy(dst, c.k_rows[p], row * 4);
+      std::memcpy(dst + row, c.v_rows[p], row * 4);
+      c.k_rows[p] = dst;
+      c.v_rows[p] = dst + row;
+    }
+    Attention(c.Params(out2.data(), mass2.data(), scratch), isa);
+    EXPECT_EQ(std::memcmp(out1.data(), out2.data(), out1.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(mass1.data(), mass2.data(), mass1.size() * 4), 0);
+  }
+}
+
+TEST(AttentionCpuTest, AllDeadGivesZeroOutput) {
+  Case c({4, 2, 16, 10, 1}, 3, 1.0, 0.0);
+  std::vector<float> out(4 * 16, NAN), mass(10, NAN), scratch;
+  Attention(c.Params(out.data(), mass.data(), scratch));
+  for (float x : out) EXPECT_EQ(x, 0.f);
+  for (float x : mass) EXPECT_EQ(x, 0.f);
+}
+
+TEST(AttentionCpuTest, NullMassLeavesOutputUnchanged) {
+  Case c({9, 3, 64, 50, 2}, 8, 0.0, 0.0);
+  std::vector<float> out1(2 * 9 * 64), out2(out1.size()), mass(50), scratch;
+  Attention(c.Params(out1.data(), mass.data(), scratch));
+  Attention(c.Params(out2.data(), nullptr, scratch));
+  EXPECT_EQ(std::memcmp(out1.data(), out2.data(), out1.size() * 4), 0);
+}
+
+}  // namespace
+}  // namespace kvtier::worker::kernels

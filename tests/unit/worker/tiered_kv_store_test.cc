@@ -1,0 +1,360 @@
+#include "worker/tiered_kv_store.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/store_rig.h"
+
+namespace kvtier::worker {
+namespace {
+
+using ::kvtier::tiering::Move;
+using ::kvtier::tiering::Tier;
+using ::kvtier::worker::testing::RandomVector;
+using ::kvtier::worker::testing::Rig;
+using ::kvtier::worker::testing::SmolLmGeometry;
+using ::testing::HasSubstr;
+
+// Drives a reference store (every page in T0, never moved) and a store under test with the
+// same tokens and queries, and compares their attention bit for bit (or within a tolerance).
+class TwinDriver {
+ public:
+  TwinDriver(const TieredKvStoreOptions& options, uint32_t seed)
+      : rig_(), rng_(seed), options_(options) {
+    ref_ = rig_.MakeStore(options);
+    test_ = rig_.MakeStore(options);
+  }
+  TieredKvStore& test() { return *test_; }
+  TieredKvStore& ref() { return *ref_; }
+  Rig& rig() { return rig_; }
+  std::mt19937& rng() { return rng_; }
+
+  // One forward pass of n tokens: per layer, append then attend (as an engine does). Compares
+  // outputs and position mass: exactly when tol < 0, else within tol.
+  void Step(uint32_t n, double tol = -1) {
+    const auto& g = options_.geometry;
+    const size_t row = size_t{g.num_kv_heads} * g.head_dim;
+    const size_t qrow = size_t{options_.num_q_heads} * g.head_dim;
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      auto k = RandomVector(rng_, n * row), v = RandomVector(rng_, n * row);
+      ASSERT_TRUE(ref_->Append(layer, k.data(), v.data(), n).ok());
+      ASSERT_TRUE(test_->Append(layer, k.data(), v.data(), n).ok());
+      auto q = RandomVector(rng_, n * qrow);
+      const uint32_t len = ref_->Length(layer);
+      std::vector<float> out_ref(n * qrow), out_test(n * qrow), mass_ref(len), mass_test(len);
+      ASSERT_TRUE(ref_->Attend(layer, q.data(), n, out_ref.data(), mass_ref.data()).ok());
+      ASSERT_TRUE(test_->Attend(layer, q.data(), n, out_test.data(), mass_test.data()).ok());
+      if (tol < 0) {
+        ASSERT_EQ(std::memcmp(out_ref.data(), out_test.data(), out_ref.size() * 4), 0)
+            << "layer " << layer << " length " << len;
+        ASSERT_EQ(std::memcmp(mass_ref.data(), mass_test.data(), mass_ref.size() * 4), 0)
+            << "layer " << layer << " length " << len;
+      } else {
+        for (size_t i = 0; i < out_ref.size(); ++i) {
+          ASSERT_NEAR(out_ref[i], out_test[i], tol) << "layer " << layer << " i " << i;
+        }
+        for (size_t i = 0; i < mass_ref.size(); ++i) {
+          ASSERT_NEAR(mass_ref[i], mass_test[i], tol * n * options_.num_q_heads) << i;
+        }
+      }
+    }
+  }
+
+  // A random re-tiering among `tiers` for about `share` of the pages.
+  void RandomRetier(std::vector<Tier> tiers, double share) {
+    std::vector<Move> moves;
+    std::bernoulli_distribution pick(share);
+    const auto& g = options_.geometry;
+    const uint32_t pages = test_->num_pages();
+    const bool partial = test_->Length(0) % g.page_tokens != 0;
+    for (uint32_t group = 0; group < g.layer_groups; ++group) {
+      for (uint32_t page = 0; page < pages; ++page) {
+        const Tier from = test_->TierOf(group, page);
+        if (from == Tier::kT3 || !pick(rng_)) continue;
+        std::vector<Tier> options;
+        for (Tier t : tiers) {
+          const bool tail_only = (t == Tier::kT2 || t == Tier::kT3) && partial && page + 1 == pages;
+          if (t != from && !tail_only) options.push_back(t);
+        }
+        if (options.empty()) continue;
+        moves.push_back(
+            {group, page, from,
+             options[std::uniform_int_distribution<size_t>(0, options.size() - 1)(rng_)]});
+      }
+    }
+    std::shuffle(moves.begin(), moves.end(), rng_);
+    ASSERT_TRUE(test_->ApplyPlanLocal(moves, *rig_.slots).ok());
+  }
+
+ private:
+  Rig rig_;
+  std::mt19937 rng_;
+  TieredKvStoreOptions options_;
+  std::unique_ptr<TieredKvStore> ref_, test_;
+};
+
+TieredKvStoreOptions RandomOptions(std::mt19937& rng) {
+  auto pick = [&](std::vector<uint32_t> v) {
+    return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
+  };
+  TieredKvStoreOptions o;
+  o.geometry.num_layers = pick({1, 2, 3, 5});
+  o.geometry.num_kv_heads = pick({1, 2, 3});
+  o.geometry.head_dim = pick({8, 16, 64, 12});
+  o.geometry.page_tokens = pick({1, 16, 5, 7, 3});
+  o.geometry.layer_groups = std::min(o.geometry.num_layers, pick({1, 2, 3}));
+  o.num_q_heads = o.geometry.num_kv_heads * pick({1, 2, 3});
+  o.portable_kernel = pick({0, 1}) == 1;
+  return o;
+}
+
+TEST(TieredKvStoreZeroErrorTest, BitIdenticalWhateverTheT0T1SplitRandomizedShapes) {
+  std::mt19937 rng(2026);
+  for (int trial = 0; trial < 40; ++trial) {
+    const TieredKvStoreOptions o = RandomOptions(rng);
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " layers " << o.geometry.num_layers << " kv "
+                 << o.geometry.num_kv_heads << " q " << o.num_q_heads << " d "
+                 << o.geometry.head_dim << " page " << o.geometry.page_tokens << " groups "
+                 << o.geometry.layer_groups << " portable " << o.portable_kernel);
+    TwinDriver d(o, 100 + trial);
+    d.Step(std::uniform_int_distribution<uint32_t>(1, 40)(d.rng()));
+    for (int step = 0; step < 30; ++step) {
+      if (step % 3 == 0) d.RandomRetier({Tier::kT0, Tier::kT1}, 0.5);
+      ASSERT_NO_FATAL_FAILURE(d.Step(1));
+    }
+    // Everything in T1, then a prefill-sized chunk on top.
+    d.RandomRetier({Tier::kT1}, 1.0);
+    ASSERT_NO_FATAL_FAILURE(d.Step(5));
+  }
+}
+
+TEST(TieredKvStoreZeroErrorTest, BitIdenticalForSmolLmGeometryAllPageSizes) {
+  for (uint32_t page_tokens : {1u, 16u, 7u}) {
+    for (uint32_t groups : {1u, 30u}) {
+      TieredKvStoreOptions o;
+      o.geometry = SmolLmGeometry(page_tokens, groups);
+      o.num_q_heads = 9;
+      TwinDriver d(o, page_tokens * 31 + groups);
+      ASSERT_NO_FATAL_FAILURE(d.Step(37));
+      for (int step = 0; step < 20; ++step) {
+        d.RandomRetier({Tier::kT0, Tier::kT1}, 0.4);
+        ASSERT_NO_FATAL_FAILURE(d.Step(1));
+      }
+    }
+  }
+}
+
+TEST(TieredKvStoreTest, CompressedPagesStayCloseToFullPrecision) {
+  for (const char* codec : {"int8_kivi", "fp8_e4m3", "minmax"}) {
+    TieredKvStoreOptions o;
+    o.geometry = SmolLmGeometry(16);
+    o.geometry.num_layers = 4;
+    o.num_q_heads = 9;
+    o.codec = codec;
+    TwinDriver d(o, 9);
+    ASSERT_NO_FATAL_FAILURE(d.Step(64));
+    d.RandomRetier({Tier::kT1, Tier::kT2}, 0.8);
+    // Unit-normal K/V. int8 KIVI: error <= range/510 per group (~0.01); per-tensor min-max:
+    // a wider range; fp8 e4m3: up to 1/16 relative (3 mantissa bits), ~0.25 at |x| = 4.
+    const std::string name = codec;
+    const double tol = name == "int8_kivi" ? 0.03 : 0.1;
+    ASSERT_NO_FATAL_FAILURE(d.Step(1, tol)) << codec;
+  }
+}
+
+TEST(TieredKvStoreTest, StagingDequantizesEachT2PageLayerOnce) {
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.geometry.num_layers = 2;
+  o.num_q_heads = 9;
+  TwinDriver d(o, 4);
+  ASSERT_NO_FATAL_FAILURE(d.Step(48));
+  ASSERT_TRUE(d.test()
+                  .ApplyPlanLocal({{0, 0, Tier::kT0, Tier::kT2}, {0, 1, Tier::kT0, Tier::kT2}},
+                                  *d.rig().slots)
+                  .ok());
+  ASSERT_NO_FATAL_FAILURE(d.Step(1, 0.03));
+  EXPECT_EQ(d.test().stats().t2_layers_dequantized, 4u);  // 2 pages x 2 layers
+  EXPECT_EQ(d.test().stats().t2_layers_reused, 0u);
+  ASSERT_NO_FATAL_FAILURE(d.Step(1, 0.03));
+  EXPECT_EQ(d.test().stats().t2_layers_dequantized, 4u);
+  EXPECT_EQ(d.test().stats().t2_layers_reused, 4u);
+  // A page that leaves T2 is no longer staged; coming back means decoding again.
+  ASSERT_TRUE(d.test().ApplyPlanLocal({{0, 0, Tier::kT2, Tier::kT1}}, *d.rig().slots).ok());
+  ASSERT_TRUE(d.test().ApplyPlanLocal({{0, 0, Tier::kT1, Tier::kT2}}, *d.rig().slots).ok());
+  ASSERT_NO_FATAL_FAILURE(d.Step(1, 0.03));
+  EXPECT_EQ(d.test().stats().t2_layers_dequantized, 6u);
+  EXPECT_EQ(d.test().stats().t2_layers_reused, 6u);
+}
+
+TEST(TieredKvStoreTest, StagingCapBoundsKeptPages) {
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(4);
+  o.geometry.num_layers = 1;
+  o.num_q_heads = 9;
+  o.max_staged_pages = 1;
+  TwinDriver d(o, 5);
+  ASSERT_NO_FATAL_FAILURE(d.Step(16));
+  ASSERT_TRUE(d.test()
+                  .ApplyPlanLocal({{0, 0, Tier::kT0, Tier::kT2}, {0, 1, Tier::kT0, Tier::kT2}},
+                                  *d.rig().slots)
+                  .ok());
+  ASSERT_NO_FATAL_FAILURE(d.Step(1, 0.03));
+  ASSERT_NO_FATAL_FAILURE(d.Step(1, 0.03));
+  // With room for one staged page, at least one of the two is decoded again.
+  EXPECT_GE(d.test().stats().t2_layers_dequantized, 3u);
+}
+
+TEST(TieredKvStoreTest, EvictedPagesGetNoMassAndTheRestStillSumsToOne) {
+  Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(8);
+  o.geometry.num_layers = 1;
+  o.num_q_heads = 9;
+  auto store = rig.MakeStore(o);
+  std::mt19937 rng(1);
+  testing::AppendRandom(rng, *store, 40);
+  ASSERT_TRUE(store->ApplyPlanLocal({{0, 1, Tier::kT0, Tier::kT3}}, *rig.slots).ok());
+  auto q = RandomVector(rng, 9 * 64);
+  std::vector<float> out(9 * 64), mass(40);
+  ASSERT_TRUE(store->Attend(0, q.data(), 1, out.data(), mass.data()).ok());
+  double total = 0;
+  for (uint32_t p = 0; p < 40; ++p) {
+    if (p >= 8 && p < 16) {
+      EXPECT_EQ(mass[p], 0.f) << p;
+    }
+    total += mass[p];
+  }
+  EXPECT_NEAR(total, 9.0, 1e-4);
+  EXPECT_FALSE(store->ReadPage(0, 1, out.data()).ok());
+}
+
+TEST(TieredKvStoreTest, KeepMaskSkipsPositionsPerHead) {
+  Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.geometry.num_layers = 2;
+  o.num_q_heads = 9;
+  o.keep_mask = true;
+  auto store = rig.MakeStore(o);
+  std::mt19937 rng(2);
+  testing::AppendRandom(rng, *store, 20);
+  // Mask position 3 for every kv head of layer 1, position 5 only for kv head 0.
+  for (uint32_t h = 0; h < 3; ++h) ASSERT_TRUE(store->SetKeep(1, h, 3, false).ok());
+  ASSERT_TRUE(store->SetKeep(1, 0, 5, false).ok());
+  auto q = RandomVector(rng, 9 * 64);
+  std::vector<float> out(9 * 64), mass1(20), mass0(20);
+  ASSERT_TRUE(store->Attend(1, q.data(), 1, out.data(), mass1.data()).ok());
+  ASSERT_TRUE(store->Attend(0, q.data(), 1, out.data(), mass0.data()).ok());
+  EXPECT_EQ(mass1[3], 0.f);
+  EXPECT_GT(mass1[5], 0.f);  // kv heads 1 and 2 still see it
+  EXPECT_GT(mass0[3], 0.f);  // other layers are unaffected
+  EXPECT_EQ(store->SetKeep(1, 3, 0, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->SetKeep(1, 0, 20, false).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TieredKvStoreTest, SetKeepNeedsTheOption) {
+  Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.num_q_heads = 9;
+  auto store = rig.MakeStore(o);
+  std::mt19937 rng(3);
+  testing::AppendRandom(rng, *store, 2);
+  EXPECT_EQ(store->SetKeep(0, 0, 0, false).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(TieredKvStoreTest, AppendIntoT2PageIsRejectedAndStoresNothing) {
+  Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(4);
+  o.geometry.num_layers = 1;
+  o.num_q_heads = 9;
+  auto store = rig.MakeStore(o);
+  std::mt19937 rng(4);
+  testing::AppendRandom(rng, *store, 8);  // two full pages
+  ASSERT_TRUE(store->ApplyPlanLocal({{0, 1, Tier::kT0, Tier::kT2}}, *rig.slots).ok());
+  // Growing page 1 would need... nothing: page 1 is full, the next token opens page 2.
+  testing::AppendRandom(rng, *store, 1);
+  EXPECT_EQ(store->Length(0), 9u);
+  // Appends into an offloaded (T1) tail page write the slot in place.
+  ASSERT_TRUE(store->ApplyPlanLocal({{0, 2, Tier::kT0, Tier::kT1}}, *rig.slots).ok());
+  testing::AppendRandom(rng, *store, 2);
+  EXPECT_EQ(store->Length(0), 11u);
+  EXPECT_EQ(store->TierOf(0, 2), Tier::kT1);
+}
+
+TEST(TieredKvStoreTest, AppendFailsCleanlyWhenTheArenaIsFull) {
+  Rig rig(/*arena_bytes=*/2 * 2 * 4 * 3 * 64 * 4);  // two pages of 4 tokens, one layer
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(4);
+  o.geometry.num_layers = 1;
+  o.num_q_heads = 9;
+  auto store = rig.MakeStore(o);
+  std::vector<float> kv(12 * 3 * 64, 1.f);
+  EXPECT_EQ(store->Append(0, kv.data(), kv.data(), 12).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->Length(0), 0u);
+  EXPECT_EQ(rig.arena->used_bytes(), 0u);
+  ASSERT_TRUE(store->Append(0, kv.data(), kv.data(), 8).ok());
+  // Offloading makes room.
+  ASSERT_TRUE(store->ApplyPlanLocal({{0, 0, Tier::kT0, Tier::kT1}}, *rig.slots).ok());
+  EXPECT_TRUE(store->Append(0, kv.data(), kv.data(), 4).ok());
+}
+
+TEST(TieredKvStoreTest, CreateRejectsBadOptionsNamingTheField) {
+  Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.num_q_heads = 9;
+  auto bad = o;
+  bad.geometry.element_bytes = 2;
+  auto s = TieredKvStore::Create(bad, rig.Memory()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("element_bytes"));
+  bad = o;
+  bad.num_q_heads = 10;
+  s = TieredKvStore::Create(bad, rig.Memory()).status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("num_q_heads"));
+  bad = o;
+  bad.codec = "int3";
+  s = TieredKvStore::Create(bad, rig.Memory()).status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("int3"));
+  s = TieredKvStore::Create(o, StoreMemory{}).status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("arena"));
+}
+
+TEST(TieredKvStoreTest, AttendRejectsBadArguments) {
+  Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.num_q_heads = 9;
+  auto store = rig.MakeStore(o);
+  std::mt19937 rng(5);
+  testing::AppendRandom(rng, *store, 3);
+  std::vector<float> q(4 * 9 * 64), out(q.size());
+  EXPECT_EQ(store->Attend(0, q.data(), 4, out.data(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Attend(30, q.data(), 1, out.data(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Attend(0, q.data(), 0, out.data(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TieredKvStoreTest, SlotSizesFollowGeometryAndCodec) {
+  const auto g = SmolLmGeometry(16, 30);
+  EXPECT_EQ(DdrSlotBytes(g, 0), 2u * 16 * 3 * 64 * 4);
+  // int8 KIVI: per layer K (192 channel scales+mins + 16x192 codes) and V (16 token
+  // scales+mins + codes), each block rounded to 16 bytes.
+  EXPECT_EQ(CompressedSlotBytes(codecs::Int8KiviCodec(), g, 0),
+            (192u * 8 + 16 * 192) + (16u * 8 + 16 * 192));
+  EXPECT_LT(CompressedSlotBytes(codecs::Int8KiviCodec(), g, 0) * 3, DdrSlotBytes(g, 0));
+}
+
+}  // namespace
+}  // namespace kvtier::worker

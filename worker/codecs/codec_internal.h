@@ -1,0 +1,40 @@
+#ifndef KVTIER_WORKER_CODECS_CODEC_INTERNAL_H_
+#define KVTIER_WORKER_CODECS_CODEC_INTERNAL_H_
+
+// Helpers shared by the codec implementations. Not part of the public API.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+// Run-time dispatch for the hot loops: GCC/Clang build an AVX2+FMA clone and a portable one and
+// pick at load time (ifunc). The bodies are plain loops written to auto-vectorize.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVTIER_CODEC_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KVTIER_CODEC_CLONES
+#endif
+
+namespace kvtier::worker::codecs::internal {
+
+inline float LoadF32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof f);
+  return f;
+}
+inline void StoreF32(uint8_t* p, float f) { std::memcpy(p, &f, sizeof f); }
+
+// Asymmetric 8-bit parameters for a group with range [lo, hi].
+struct Affine {
+  float scale;  // (hi - lo) / 255, 0 for a constant group
+  float inv;    // 1 / scale, 0 for a constant group
+  float lo;
+};
+inline Affine MakeAffine(float lo, float hi) {
+  float scale = (hi - lo) / 255.f;
+  return {scale, scale > 0.f ? 1.f / scale : 0.f, lo};
+}
+
+}  // namespace kvtier::worker::codecs::internal
+
+#endif  // KVTIER_WORKER_CODECS_CODEC_INTERNAL_H_

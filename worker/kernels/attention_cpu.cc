@@ -1,0 +1,247 @@
+#include "worker/kernels/attention_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KVTIER_HAVE_X86 1
+#endif
+
+namespace kvtier::worker::kernels {
+namespace {
+
+inline size_t RoundUp8(size_t n) { return (n + 7) & ~size_t{7}; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Portable: plain scalar loops, sequential sums.
+namespace portable {
+namespace {
+
+float Dot(const float* a, const float* b, uint32_t n) {
+  float acc = 0.f;
+  for (uint32_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+float MaxOf(const float* s, uint32_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (uint32_t i = 0; i < n; ++i) m = std::max(m, s[i]);
+  return m;
+}
+float ExpSumInPlace(float* s, uint32_t n, float max) {
+  float z = 0.f;
+  for (uint32_t i = 0; i < n; ++i) {
+    s[i] = std::exp(s[i] - max);
+    z += s[i];
+  }
+  return z;
+}
+void ScaleInPlace(float* s, uint32_t n, float f) {
+  for (uint32_t i = 0; i < n; ++i) s[i] *= f;
+}
+void AddTo(float* dst, const float* src, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, uint32_t cnt,
+                      float* out) {
+  const uint32_t group = p.num_q_heads / p.num_kv_heads;
+  const uint32_t hd = p.head_dim;
+  std::fill(out, out + size_t{p.num_q_heads} * hd, 0.f);
+  for (uint32_t pos = 0; pos < cnt; ++pos) {
+    const float* row = p.v_rows[pos];
+    if (row == nullptr) continue;
+    for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+      if (p.keep != nullptr && p.keep[kvh][pos] == 0) continue;
+      const float* v = row + size_t{kvh} * hd;
+      for (uint32_t g = 0; g < group; ++g) {
+        const uint32_t h = kvh * group + g;
+        const float wh = w[h * stride + pos];
+        float* o = out + size_t{h} * hd;
+        for (uint32_t d = 0; d < hd; ++d) o[d] += wh * v[d];
+      }
+    }
+  }
+}
+
+#include "worker/kernels/attention_cpu_skeleton.inc"
+
+}  // namespace
+}  // namespace portable
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 + FMA. head_dim % 8 == 0.
+#if KVTIER_HAVE_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+namespace {
+
+inline float HSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  lo = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, lo);
+  return _mm_cvtss_f32(_mm_add_ss(lo, sh));
+}
+inline float HMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+float Dot(const float* a, const float* b, uint32_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  uint32_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  if (i < n) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  return HSum(_mm256_add_ps(acc0, acc1));
+}
+
+float MaxOf(const float* s, uint32_t n) {
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (uint32_t i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+  return HMax(m);
+}
+
+// Cephes-style expf, |rel err| < 2 ulp on [-87, 0]; exactly 0 below -87 (and for -inf).
+inline __m256 Exp(__m256 x) {
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_GE_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_and_ps(y, live);
+}
+
+float ExpSumInPlace(float* s, uint32_t n, float max) {
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 z = _mm256_setzero_ps();
+  for (uint32_t i = 0; i < n; i += 8) {
+    const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(s + i), m));
+    _mm256_storeu_ps(s + i, e);
+    z = _mm256_add_ps(z, e);
+  }
+  return HSum(z);
+}
+
+void ScaleInPlace(float* s, uint32_t n, float f) {
+  const __m256 vf = _mm256_set1_ps(f);
+  for (uint32_t i = 0; i < n; i += 8) {
+    _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_loadu_ps(s + i), vf));
+  }
+}
+
+void AddTo(float* dst, const float* src, uint32_t n) {
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+  }
+  for (; i < n; ++i) dst[i] += src[i];
+}
+
+// Positions per block of the value pass: a block's V rows stay in L1 while every query head of
+// the group sweeps it. Blocking does not change any sum's order (each output element still
+// accumulates position by position).
+constexpr uint32_t kValueBlock = 32;
+
+// o[0 .. 8*NV) += sum over positions [b, e) of w[pos] * v_rows[pos][off ..].
+template <int NV>
+inline void AccumulateChunk(const AttentionParams& p, const float* w, uint32_t kvh, size_t off,
+                            uint32_t b, uint32_t e, float* o) {
+  __m256 acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = _mm256_loadu_ps(o + 8 * j);
+  for (uint32_t pos = b; pos < e; ++pos) {
+    const float* row = p.v_rows[pos];
+    if (row == nullptr || (p.keep != nullptr && p.keep[kvh][pos] == 0)) continue;
+    const __m256 wv = _mm256_set1_ps(w[pos]);
+    for (int j = 0; j < NV; ++j) {
+      acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + off + 8 * j), acc[j]);
+    }
+  }
+  for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o + 8 * j, acc[j]);
+}
+
+void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, uint32_t cnt,
+                      float* out) {
+  const uint32_t group = p.num_q_heads / p.num_kv_heads;
+  const uint32_t hd = p.head_dim;
+  std::fill(out, out + size_t{p.num_q_heads} * hd, 0.f);
+  for (uint32_t b = 0; b < cnt; b += kValueBlock) {
+    const uint32_t e = std::min(cnt, b + kValueBlock);
+    for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+      for (uint32_t g = 0; g < group; ++g) {
+        const uint32_t h = kvh * group + g;
+        const float* wh = w + h * stride;
+        float* o = out + size_t{h} * hd;
+        uint32_t d = 0;
+        for (; d + 32 <= hd; d += 32) {
+          AccumulateChunk<4>(p, wh, kvh, size_t{kvh} * hd + d, b, e, o + d);
+        }
+        for (; d < hd; d += 8) AccumulateChunk<1>(p, wh, kvh, size_t{kvh} * hd + d, b, e, o + d);
+      }
+    }
+  }
+}
+
+#include "worker/kernels/attention_cpu_skeleton.inc"
+
+}  // namespace
+}  // namespace avx2
+#pragma GCC pop_options
+#endif  // KVTIER_HAVE_X86
+
+// ---------------------------------------------------------------------------------------------
+
+size_t AttentionScratchFloats(uint32_t num_q_heads, uint32_t length) {
+  return size_t{num_q_heads} * RoundUp8(length);
+}
+
+Isa BestIsa() {
+#if KVTIER_HAVE_X86
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) return Isa::kAvx2Fma;
+#endif
+  return Isa::kPortable;
+}
+
+bool IsaUsable(Isa isa, uint32_t head_dim) {
+  if (isa == Isa::kPortable) return true;
+  return BestIsa() == Isa::kAvx2Fma && head_dim % 8 == 0;
+}
+
+void Attention(const AttentionParams& p, Isa isa) {
+#if KVTIER_HAVE_X86
+  if (isa == Isa::kAvx2Fma) {
+    avx2::RunAttention(p);
+    return;
+  }
+#endif
+  portable::RunAttention(p);
+}
+
+void Attention(const AttentionParams& p) {
+  Attention(p, IsaUsable(BestIsa(), p.head_dim) ? BestIsa() : Isa::kPortable);
+}
+
+}  // namespace kvtier::worker::kernels

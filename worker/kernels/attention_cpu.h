@@ -1,0 +1,62 @@
+#ifndef KVTIER_WORKER_KERNELS_ATTENTION_CPU_H_
+#define KVTIER_WORKER_KERNELS_ATTENTION_CPU_H_
+
+// CPU attention over a paged KV cache, FlashInfer-style: raw pointers and one Params struct,
+// no framework headers. Thread-safe (no state); the caller owns every buffer.
+//
+// Determinism contract (what makes T0/T1 splits bit-exact): for a given Isa the result depends
+// only on the VALUES behind the row pointers, never on where the rows live, how they are
+// grouped into pages or how they are aligned. Scores are kept in a position-indexed scratch
+// array, reductions over positions run in position order in fixed-width vector lanes, and the
+// output accumulates position by position.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvtier::worker::kernels {
+
+struct AttentionParams {
+  // [num_queries][num_q_heads][head_dim]; query t sits at position length - num_queries + t and
+  // attends causally to positions [0, that position].
+  const float* q = nullptr;
+  // [num_queries][num_q_heads][head_dim], overwritten.
+  float* out = nullptr;
+  // [length] or null. Overwritten with the softmax weight of each position summed over query
+  // heads and queries; 0 for evicted and masked positions.
+  float* position_mass = nullptr;
+  // [length] each: the K (V) row of position p, laid out [num_kv_heads][head_dim]; null where the
+  // position is evicted (k and v null together). Rows need no particular alignment.
+  const float* const* k_rows = nullptr;
+  const float* const* v_rows = nullptr;
+  // Null, or [num_kv_heads] arrays of [length]: 0 masks the position for every query head that
+  // reads that kv head (per-head eviction baselines such as H2O).
+  const uint8_t* const* keep = nullptr;
+  uint32_t length = 0;
+  uint32_t num_queries = 0;
+  uint32_t num_q_heads = 0;
+  uint32_t num_kv_heads = 0;  // divides num_q_heads; q head h reads kv head h / group
+  uint32_t head_dim = 0;
+  float scale = 0.f;
+  // AttentionScratchFloats(num_q_heads, length) floats, 32-byte alignment not required.
+  float* scratch = nullptr;
+};
+
+enum class Isa : uint8_t { kPortable = 0, kAvx2Fma = 1 };
+
+// Floats of scratch Attention needs.
+size_t AttentionScratchFloats(uint32_t num_q_heads, uint32_t length);
+
+// The best ISA this CPU runs (AVX2+FMA when present).
+Isa BestIsa();
+// True when `isa` can run here for this head_dim (AVX2 needs head_dim % 8 == 0).
+bool IsaUsable(Isa isa, uint32_t head_dim);
+
+// REQUIRES: num_queries <= length, shapes consistent, IsaUsable(isa, head_dim).
+// A query whose every position is evicted or masked gets a zero output.
+void Attention(const AttentionParams& p, Isa isa);
+// Attention with BestIsa() where usable, otherwise portable.
+void Attention(const AttentionParams& p);
+
+}  // namespace kvtier::worker::kernels
+
+#endif  // KVTIER_WORKER_KERNELS_ATTENTION_CPU_H_

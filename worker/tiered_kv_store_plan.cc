@@ -1,0 +1,260 @@
+// TieredKvStore: plan validation and execution.
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
+#include "worker/tiered_kv_store.h"
+
+namespace kvtier::worker {
+namespace {
+
+std::string TierStr(tiering::Tier t) { return std::string(tiering::TierName(t)); }
+
+using tiering::Move;
+using tiering::Tier;
+
+std::string PageName(const Move& m) {
+  return absl::StrCat("page (group ", m.group, ", page ", m.page, ")");
+}
+
+}  // namespace
+
+uint32_t TieredKvStore::ValidRows(uint32_t group, uint32_t page) const {
+  const uint64_t begin = geometry_.PageBegin(page);
+  const uint32_t length = lengths_[geometry_.GroupBegin(group)];
+  return static_cast<uint32_t>(std::min<uint64_t>(geometry_.page_tokens, length - begin));
+}
+
+absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
+                                         const std::vector<SlotAssignment>& slots) const {
+  if (slots.size() != moves.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slots.size() (", slots.size(), ") must equal moves.size() (", moves.size(), ")"));
+  }
+  for (uint32_t layer = 1; layer < lengths_.size(); ++layer) {
+    if (lengths_[layer] != lengths_[0]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layers differ in length (layer 0: ", lengths_[0], ", layer ", layer, ": ",
+                       lengths_[layer], "): plans apply between forward passes"));
+    }
+  }
+  const uint32_t pages = num_pages();
+  const bool partial_tail = lengths_[0] % geometry_.page_tokens != 0;
+  absl::flat_hash_map<uint64_t, size_t> seen;
+  int64_t arena_used = static_cast<int64_t>(memory_.arena->used_bytes());
+  const int64_t arena_capacity = static_cast<int64_t>(memory_.arena->capacity_bytes());
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Move& m = moves[i];
+    const std::string at = absl::StrCat("moves[", i, "]");
+    if (m.group >= geometry_.layer_groups) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".group (", m.group, ") out of range [0, ",
+                                                     geometry_.layer_groups, ")"));
+    }
+    if (m.page >= pages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".page (", m.page, ") out of range [0, ", pages, ")"));
+    }
+    auto [it, fresh] = seen.emplace(uint64_t{m.group} << 32 | m.page, i);
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ": duplicate ", PageName(m),
+                                                     ", first moved by moves[", it->second, "]"));
+    }
+    const Tier current = pages_[m.group][m.page].tier;
+    if (m.from != current) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".from (", TierStr(m.from), ") but ",
+                                                     PageName(m), " is in ", TierStr(current)));
+    }
+    if (m.from == Tier::kT3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".from: ", PageName(m), " is evicted (T3) and never comes back"));
+    }
+    if (m.to == m.from || static_cast<int>(m.to) >= tiering::kNumTiers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".to (", TierStr(m.to), ") must be another tier than from"));
+    }
+    if ((m.to == Tier::kT1 || m.to == Tier::kT2) && PoolOf(m.to) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".to (", TierStr(m.to), "): the store has no pool for that tier"));
+    }
+    if ((m.to == Tier::kT2 || m.to == Tier::kT3) && partial_tail && m.page + 1 == pages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".to (", TierStr(m.to), "): ", PageName(m),
+                       " is the partial page being written; it may only move between T0 and T1"));
+    }
+    const int64_t bytes = static_cast<int64_t>(geometry_.PageBytes(m.group));
+    if (m.from == Tier::kT0) arena_used -= bytes;
+    if (m.to == Tier::kT0) {
+      arena_used += bytes;
+      if (arena_used > arena_capacity) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(at, ": promoting ", PageName(m), " would take the device arena to ",
+                         arena_used, " bytes, over its capacity of ", arena_capacity));
+      }
+    }
+  }
+  return ValidateSlots(moves, slots);
+}
+
+absl::Status TieredKvStore::ValidateSlots(const std::vector<Move>& moves,
+                                          const std::vector<SlotAssignment>& slots) const {
+  // Intervals in use per pool after the plan: held slots (sources are freed only after the
+  // plan is acknowledged) plus every destination. index -1 = held.
+  struct Interval {
+    uint64_t begin, end;
+    int64_t index;
+  };
+  std::vector<Interval> in_use[2];
+  for (uint32_t g = 0; g < pages_.size(); ++g) {
+    for (const PageEntry& e : pages_[g]) {
+      if (e.tier == Tier::kT1)
+        in_use[0].push_back({e.slot, e.slot + SlotBytes(PoolKind::kDdr, g), -1});
+      if (e.tier == Tier::kT2) {
+        in_use[1].push_back({e.slot, e.slot + SlotBytes(PoolKind::kCompressed, g), -1});
+      }
+    }
+  }
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Move& m = moves[i];
+    if (m.to != Tier::kT1 && m.to != Tier::kT2) continue;
+    const PoolKind kind = m.to == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed;
+    const uint64_t off = slots[i].dst_offset;
+    const uint64_t bytes = SlotBytes(kind, m.group);
+    const uint64_t pool_size = PoolOf(m.to)->size();
+    if (off % layout::kSlotAlignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slots[", i, "].dst_offset (", off, ") must be a multiple of ", layout::kSlotAlignment));
+    }
+    if (off > pool_size || bytes > pool_size - off) {
+      return absl::InvalidArgumentError(absl::StrCat("slots[", i, "].dst_offset (", off, ") + ",
+                                                     bytes, " bytes exceeds the ", TierStr(m.to),
+                                                     " pool size (", pool_size, ")"));
+    }
+    in_use[m.to == Tier::kT1 ? 0 : 1].push_back({off, off + bytes, static_cast<int64_t>(i)});
+  }
+  for (auto& list : in_use) {
+    std::sort(list.begin(), list.end(),
+              [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+    for (size_t j = 1; j < list.size(); ++j) {
+      if (list[j].begin >= list[j - 1].end) continue;
+      const Interval& bad = list[j].index >= 0 ? list[j] : list[j - 1];
+      const Interval& other = list[j].index >= 0 ? list[j - 1] : list[j];
+      return absl::InvalidArgumentError(
+          absl::StrCat("slots[", bad.index, "].dst_offset (", bad.begin, ") overlaps ",
+                       other.index >= 0 ? absl::StrCat("slots[", other.index, "]")
+                                        : std::string("a slot the store already holds"),
+                       " at offset ", other.begin));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slot,
+                                std::vector<ReleasedSlot>* released) {
+  PageEntry& e = pages_[m.group][m.page];
+  const uint64_t page_bytes = geometry_.PageBytes(m.group);
+  uint64_t written = 0;
+  // 1. Write the destination from the source's current bytes.
+  uint8_t* new_t0 = nullptr;
+  if (m.to == Tier::kT0) {
+    // Validated against the arena's capacity; an arena shared with other sequences may still
+    // refuse, in which case the page stays where it is (see ApplyPlan).
+    new_t0 = *memory_.arena->Allocate(page_bytes);
+  }
+  uint8_t* dst = m.to == Tier::kT0   ? new_t0
+                 : m.to == Tier::kT3 ? nullptr
+                                     : PoolOf(m.to)->base() + slot.dst_offset;
+  const uint32_t rows = ValidRows(m.group, m.page);
+  if (m.to == Tier::kT2) {
+    const float* src = PageFloats(m.group, m.page);
+    EncodePage(m.group, src, rows, dst);
+    written = CompressedSlotBytes(*codec_, geometry_, m.group);
+    e.compressed_rows = rows;
+    e.lossy = true;
+  } else if (dst != nullptr) {
+    if (m.from == Tier::kT2) {
+      DecodePage(m.group, memory_.compressed_pool->base() + e.slot, e.compressed_rows,
+                 reinterpret_cast<float*>(dst));
+    } else {
+      std::memcpy(dst, PageFloats(m.group, m.page), page_bytes);
+    }
+    written = page_bytes;
+  }
+  // 2. Release the source.
+  if (m.from == Tier::kT0) {
+    memory_.arena->Free(e.t0, page_bytes);
+    e.t0 = nullptr;
+  } else if (released != nullptr) {
+    released->push_back({m.from == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, e.slot});
+  }
+  if (m.from == Tier::kT2) DropStaged(m.group, m.page);
+  // 3. Point the page table at the new copy.
+  e.tier = m.to;
+  e.t0 = new_t0;
+  e.slot = (m.to == Tier::kT1 || m.to == Tier::kT2) ? slot.dst_offset : 0;
+  ++e.version;
+  const int from = static_cast<int>(m.from), to = static_cast<int>(m.to);
+  stats_.move_bytes[from][to] += written;
+  ++stats_.move_count[from][to];
+}
+
+absl::Status TieredKvStore::ApplyPlan(const std::vector<Move>& moves,
+                                      const std::vector<SlotAssignment>& slots,
+                                      std::vector<ReleasedSlot>* released) {
+  if (absl::Status s = ValidatePlan(moves, slots); !s.ok()) {
+    ++stats_.plans_rejected;
+    return s;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < moves.size(); ++i) {
+    if (moves[i].to == Tier::kT0) {
+      // The only step that can fail after validation: a shared arena filled up meanwhile.
+      // Moves before i are applied and consistent; this one and the rest are not.
+      const uint64_t bytes = geometry_.PageBytes(moves[i].group);
+      if (memory_.arena->used_bytes() + bytes > memory_.arena->capacity_bytes()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("moves[", i, "]: device arena filled by another sequence; moves [0, ", i,
+                         ") applied, the rest not"));
+      }
+    }
+    ExecuteMove(moves[i], slots[i], released);
+  }
+  stats_.apply_nanos +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  ++stats_.plans_applied;
+  return absl::OkStatus();
+}
+
+absl::Status TieredKvStore::ApplyPlanLocal(const std::vector<Move>& moves, SlotSource& source) {
+  std::vector<SlotAssignment> slots(moves.size());
+  std::vector<ReleasedSlot> granted;
+  auto give_back = [&] {
+    for (const ReleasedSlot& s : granted) source.Free(s.kind, s.offset).IgnoreError();
+  };
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Move& m = moves[i];
+    if ((m.to != Tier::kT1 && m.to != Tier::kT2) || m.group >= geometry_.layer_groups) continue;
+    const PoolKind kind = m.to == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed;
+    auto offset = source.AllocateSlot(kind, SlotBytes(kind, m.group));
+    if (!offset.ok()) {
+      give_back();
+      return offset.status();
+    }
+    slots[i].dst_offset = *offset;
+    granted.push_back({kind, *offset});
+  }
+  std::vector<ReleasedSlot> released;
+  if (absl::Status s = ApplyPlan(moves, slots, &released); !s.ok()) {
+    give_back();
+    return s;
+  }
+  for (const ReleasedSlot& r : released) RETURN_IF_ERROR(source.Free(r.kind, r.offset));
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::worker
