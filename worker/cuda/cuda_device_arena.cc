@@ -12,40 +12,18 @@ absl::StatusOr<std::unique_ptr<CudaDeviceArena>> CudaDeviceArena::Create(uint64_
   }
   void* base = nullptr;
   KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&base, capacity_bytes));
-  cudaStream_t stream = nullptr;
-  const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) {
-    cudaFree(base);
-    return CudaStatus(e, "cudaStreamCreateWithFlags");
-  }
   return std::unique_ptr<CudaDeviceArena>(
-      new CudaDeviceArena(static_cast<uint8_t*>(base), capacity_bytes, stream));
+      new CudaDeviceArena(static_cast<uint8_t*>(base), capacity_bytes));
 }
 
-CudaDeviceArena::~CudaDeviceArena() {
-  cudaStreamDestroy(stream_);
-  cudaFree(base_);
-}
+CudaDeviceArena::~CudaDeviceArena() { cudaFree(base_); }
 
 absl::StatusOr<uint8_t*> CudaDeviceArena::Allocate(uint64_t bytes) {
-  uint64_t offset = 0, rounded = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<uint64_t> got = ranges_.Allocate(bytes);
-    if (!got.ok()) return got.status();
-    offset = *got;
-    rounded = ranges_.RoundUp(bytes);
-    peak_ = std::max(peak_, ranges_.used());
-  }
-  uint8_t* block = base_ + offset;
-  cudaError_t e = cudaMemsetAsync(block, 0, rounded, stream_);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
-  if (e != cudaSuccess) {
-    absl::MutexLock lock(&mu_);
-    ranges_.Free(offset).IgnoreError();
-    return CudaStatus(e, "zero-filling an arena block");
-  }
-  return block;
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<uint64_t> offset = ranges_.Allocate(bytes);
+  if (!offset.ok()) return offset.status();
+  peak_ = std::max(peak_, ranges_.used());
+  return base_ + *offset;
 }
 
 void CudaDeviceArena::Free(uint8_t* block, uint64_t /*bytes*/) {

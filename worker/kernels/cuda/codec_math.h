@@ -3,10 +3,13 @@
 
 // Scalar arithmetic of the T2 codecs, compiled for host and device from one source so the GPU
 // produces the same bytes as the CPU codecs (worker/codecs): int8 KIVI / min-max affine uint8
-// and fp8 e4m3 ("e4m3fn"). Every multiply and add is rounded separately on the device (no FMA
-// contraction), as the CPU build does (ISO C++ mode: -ffp-contract=off). Division is IEEE on
-// both sides (nvcc's default -prec-div=true).
+// and fp8 e4m3 ("e4m3fn"). Rounding follows the CPU codecs step by step: the affine code is
+// trunc(clamp(fma(x, inv, bias))) with bias = 0.5 - lo * inv rounded separately (the CPU's AVX2
+// path fuses that multiply-add; its portable path rounds twice and may differ by one code on an
+// exact tie); every other multiply and add is rounded separately on the device (no contraction).
+// Division is IEEE on both sides (nvcc's default -prec-div=true).
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -39,6 +42,13 @@ KVTIER_HD float Sub(float a, float b) {
   return a - b;
 #endif
 }
+KVTIER_HD float Fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
 KVTIER_HD uint32_t Bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
@@ -69,8 +79,10 @@ KVTIER_HD Affine MakeAffine(float lo, float hi) {
   const float scale = Sub(hi, lo) / 255.f;
   return {scale, scale > 0.f ? 1.f / scale : 0.f};
 }
-KVTIER_HD uint8_t QuantizeU8(float x, float lo, float inv) {
-  float q = Add(Mul(Sub(x, lo), inv), 0.5f);
+// 0.5 - lo * inv: the rounding offset of the group, folded so a code is one fused multiply-add.
+KVTIER_HD float Bias(float lo, float inv) { return Sub(0.5f, Mul(lo, inv)); }
+KVTIER_HD uint8_t QuantizeU8(float x, float inv, float bias) {
+  float q = Fma(x, inv, bias);
   q = Min(Max(q, 0.f), 255.f);
   return static_cast<uint8_t>(static_cast<int32_t>(q));
 }

@@ -35,8 +35,9 @@ __device__ void EncodeKiviKeys(const T* src, uint32_t rows, uint32_t cols, uint8
     const cm::Affine a = cm::MakeAffine(lo, hi);
     scale[c] = a.scale;
     lo_out[c] = lo;
+    const float bias = cm::Bias(lo, a.inv);
     for (uint32_t r = 0; r < rows; ++r) {
-      codes[uint64_t{r} * cols + c] = cm::QuantizeU8(At(src, uint64_t{r} * cols + c), lo, a.inv);
+      codes[uint64_t{r} * cols + c] = cm::QuantizeU8(At(src, uint64_t{r} * cols + c), a.inv, bias);
     }
   }
 }
@@ -66,9 +67,10 @@ __device__ void EncodeRows(CodecKind codec, const T* src, uint32_t rows, uint32_
       if (!fp8) scale[rows + r] = lo;
     }
     uint8_t* out = codes + uint64_t{r} * cols;
+    const float bias = cm::Bias(lo, a.inv);
     for (uint32_t c = lane; c < cols; c += 32) {
       const float x = At(row, c);
-      out[c] = fp8 ? cm::EncodeE4m3(cm::Mul(x, a.inv)) : cm::QuantizeU8(x, lo, a.inv);
+      out[c] = fp8 ? cm::EncodeE4m3(cm::Mul(x, a.inv)) : cm::QuantizeU8(x, a.inv, bias);
     }
   }
 }
@@ -93,8 +95,9 @@ __device__ void EncodeTensor(const T* src, uint32_t rows, uint32_t cols, uint8_t
   const cm::Affine a = cm::MakeAffine(lo, hi);
   float* header = reinterpret_cast<float*>(dst);
   if (threadIdx.x == 0) header[0] = a.scale, header[1] = lo;
+  const float bias = cm::Bias(lo, a.inv);
   for (uint64_t i = threadIdx.x; i < n; i += kThreads) {
-    dst[8 + i] = cm::QuantizeU8(At(src, i), lo, a.inv);
+    dst[8 + i] = cm::QuantizeU8(At(src, i), a.inv, bias);
   }
 }
 
