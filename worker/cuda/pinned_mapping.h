@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/page_pool.h"
 
 namespace kvtier::worker::cuda {
 
@@ -29,6 +30,11 @@ class PinnedMapping {
   // CUDA error (converted) when pin_all_now and a registration fails.
   static absl::StatusOr<std::unique_ptr<PinnedMapping>> Create(uint8_t* base, uint64_t size,
                                                                PinnedMappingOptions options);
+  // The same over a worker PagePool (the daemon's T1 or T2 segment as the client mapped it).
+  static absl::StatusOr<std::unique_ptr<PinnedMapping>> ForPool(const PagePool& pool,
+                                                                PinnedMappingOptions options) {
+    return Create(pool.base(), pool.size(), options);
+  }
   ~PinnedMapping();
   PinnedMapping(const PinnedMapping&) = delete;
   PinnedMapping& operator=(const PinnedMapping&) = delete;

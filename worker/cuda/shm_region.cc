@@ -51,6 +51,14 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& 
   return std::unique_ptr<ShmRegion>(new ShmRegion(name, *data, bytes, /*owner=*/true));
 }
 
+absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::CreateAnonymous(uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("bytes must be > 0, got 0");
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap anonymous");
+  return std::unique_ptr<ShmRegion>(
+      new ShmRegion("", static_cast<uint8_t*>(p), bytes, /*owner=*/false));
+}
+
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& name) {
   const int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", name));

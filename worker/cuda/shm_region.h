@@ -19,6 +19,9 @@ class ShmRegion {
   // Creates `name` (must start with '/', must not exist) of `bytes` and maps it read-write.
   // INVALID_ARGUMENT for a bad name or 0 bytes; ALREADY_EXISTS; INTERNAL for other errors.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(const std::string& name, uint64_t bytes);
+  // An anonymous shared mapping (MAP_SHARED | MAP_ANONYMOUS) of `bytes`: the fallback where
+  // /dev/shm is too small. name() is empty.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> CreateAnonymous(uint64_t bytes);
   // Maps an existing region read-write. NOT_FOUND when it does not exist.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Open(const std::string& name);
   ~ShmRegion();

@@ -45,6 +45,15 @@ TEST(PinnedMappingGpuTest, PinsLazilyChunkByChunk) {
   EXPECT_EQ(m->pinned_bytes(), 64 * mib);
 }
 
+TEST(PinnedMappingGpuTest, PinsAWorkerPagePool) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  std::unique_ptr<HostPagePool> pool = *HostPagePool::Create(PoolKind::kDdr, 8 << 20);
+  std::unique_ptr<PinnedMapping> m =
+      *PinnedMapping::ForPool(*pool, {.chunk_bytes = 1 << 20, .pin_all_now = true});
+  EXPECT_EQ(m->pinned_bytes(), pool->size());
+  EXPECT_EQ(m->base(), pool->base());
+}
+
 TEST(PinnedMappingGpuTest, RejectsBadArguments) {
   KVTIER_SKIP_WITHOUT_GPU();
   alignas(4096) static uint8_t buf[8192];

@@ -26,6 +26,15 @@ TEST(ShmRegionTest, CreatedRegionIsSharedWithAnOpenerAndUnlinkedOnDestruction) {
   EXPECT_EQ(ShmRegion::Open(name).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(ShmRegionTest, AnonymousRegionIsWritableAndPageAligned) {
+  std::unique_ptr<ShmRegion> a = *ShmRegion::CreateAnonymous(3 << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 4096, 0u);
+  a->data()[(3 << 20) - 1] = 9;
+  EXPECT_EQ(a->data()[(3 << 20) - 1], 9);
+  EXPECT_TRUE(a->name().empty());
+  EXPECT_EQ(ShmRegion::CreateAnonymous(0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ShmRegionTest, RejectsBadNamesAndSizes) {
   EXPECT_EQ(ShmRegion::Create("no-slash", 10).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ShmRegion::Create("/a/b", 10).status().code(), absl::StatusCode::kInvalidArgument);
