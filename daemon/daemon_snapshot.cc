@@ -38,6 +38,10 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
     return absl::InvalidArgumentError(absl::StrCat(
         "length ", r.length(), " must be >= prompt_tokens (", s.prompt_tokens, ") and > 0"));
   }
+  if (r.length() > kMaxSnapshotEntries * geo.page_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length ", r.length(), " exceeds ", kMaxSnapshotEntries * geo.page_tokens));
+  }
   const uint64_t pages = geo.NumPages(r.length());
   if (r.num_pages() != pages) {
     return absl::InvalidArgumentError(absl::StrCat(
