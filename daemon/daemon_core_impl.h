@@ -149,6 +149,12 @@ class DaemonCoreImpl final : public DaemonCore {
                        absl::Span<const uint32_t> need, bool count_failures,
                        tiering::Placement& target, std::vector<Slot>& dst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grants destination slots for every page `target` moves into a pool (indexed like the
+  // placement), degrading `target` where short; `shortage` says what was short.
+  std::vector<Slot> GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
+                                            absl::Span<const float> scores,
+                                            tiering::Placement& target, Shortage* shortage)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(WorkerRec& w, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int PoolOf(const Slot& slot) const;
 

@@ -115,7 +115,46 @@ const char* ReasonText(Metrics::DegradeReason r) {
   }
 }
 
+// "DDR pool full: 12 pages; 12 compressed instead, 0 kept in their tier (no extra eviction)".
+std::string DegradedReason(const Shortage& shortage) {
+  std::string reason;
+  for (int k = 0; k < 3; ++k) {
+    if (shortage.pages[k] == 0) continue;
+    absl::StrAppend(&reason, reason.empty() ? "" : "; ",
+                    ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", shortage.pages[k],
+                    " pages");
+  }
+  absl::StrAppend(&reason, "; ", shortage.compressed_instead, " compressed instead, ",
+                  shortage.total() - shortage.compressed_instead,
+                  " kept in their tier (no extra eviction)");
+  return reason;
+}
+
 }  // namespace
+
+std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
+                                                          absl::Span<const float> scores,
+                                                          Placement& target, Shortage* shortage) {
+  // Page order first; if anything was short, again by ascending score, so that the pages left
+  // in T0 are the best-scoring ones.
+  const Placement& current = s.placement;
+  std::vector<uint32_t> need;
+  for (uint32_t i = 0; i < target.tiers.size(); ++i) {
+    if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
+  }
+  std::vector<Slot> dst(target.tiers.size());
+  const Placement wanted = target;
+  *shortage = GrantLocked(w, s.policy, current, need, /*count_failures=*/false, target, dst);
+  if (shortage->total() > 0) {
+    for (uint32_t i : need) ReleaseLocked(w, dst[i]);
+    target = wanted;
+    std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
+      return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
+    });
+    *shortage = GrantLocked(w, s.policy, current, need, /*count_failures=*/true, target, dst);
+  }
+  return dst;
+}
 
 void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages) {
   s.length = length;
@@ -185,24 +224,8 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
                    DecidePlacement(s->policy, s->prompt_tokens, s->length, current, scores));
   Placement& target = decision.target;
 
-  // Destination slots for pages entering a pool. Page order first; if anything was short,
-  // again by ascending score, so that the pages left in T0 are the best-scoring ones.
-  std::vector<uint32_t> need;
-  for (uint32_t i = 0; i < target.tiers.size(); ++i) {
-    if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
-  }
-  std::vector<Slot> dst(target.tiers.size());
-  const Placement wanted = target;
-  Shortage shortage =
-      GrantLocked(*w, s->policy, current, need, /*count_failures=*/false, target, dst);
-  if (shortage.total() > 0) {
-    for (uint32_t i : need) ReleaseLocked(*w, dst[i]);
-    target = wanted;
-    std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
-      return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
-    });
-    shortage = GrantLocked(*w, s->policy, current, need, /*count_failures=*/true, target, dst);
-  }
+  Shortage shortage;
+  std::vector<Slot> dst = GrantDestinationsLocked(*w, *s, scores, target, &shortage);
 
   v1::TierPlan plan;
   plan.set_sequence_id(s->id);
@@ -238,22 +261,14 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
     if (metrics_ != nullptr) metrics_->CountMove(tiering::KindOf(m.from, m.to), MoveBytes(*w, m));
     pending.moves.push_back({m, std::move(dst[i])});
   }
-  const std::array<uint64_t, 3>& short_pages = shortage.pages;
-  const uint64_t short_total = shortage.total();
-  const uint64_t compressed_instead = shortage.compressed_instead;
-  if (short_total > 0) {
+  if (shortage.total() > 0) {
     plan.set_degraded(true);
-    std::string reason;
+    plan.set_degraded_reason(DegradedReason(shortage));
     for (int k = 0; k < 3; ++k) {
-      if (short_pages[k] == 0) continue;
-      if (metrics_ != nullptr) metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
-      absl::StrAppend(&reason, reason.empty() ? "" : "; ",
-                      ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", short_pages[k],
-                      " pages");
+      if (shortage.pages[k] > 0 && metrics_ != nullptr) {
+        metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
+      }
     }
-    absl::StrAppend(&reason, "; ", compressed_instead, " compressed instead, ",
-                    short_total - compressed_instead, " kept in their tier (no extra eviction)");
-    plan.set_degraded_reason(reason);
   }
   plan.set_protected_overflow(decision.protected_overflow);
   if (decision.protected_overflow && metrics_ != nullptr) metrics_->CountProtectedOverflow();
