@@ -38,6 +38,10 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
     return absl::InvalidArgumentError(absl::StrCat(
         "length ", r.length(), " must be >= prompt_tokens (", s.prompt_tokens, ") and > 0"));
   }
+  if (r.length() > kMaxSnapshotEntries * geo.page_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length ", r.length(), " exceeds ", kMaxSnapshotEntries * geo.page_tokens));
+  }
   const uint64_t pages = geo.NumPages(r.length());
   if (r.num_pages() != pages) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -67,20 +71,20 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
   }
   const std::string& tiers = r.current_tiers();
   const uint32_t old_pages = s.placement.num_pages;
-  for (uint64_t i = 0; i < entries; ++i) {
-    uint8_t t = static_cast<uint8_t>(tiers[i]);
-    if (t > 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("current_tiers[", i, "] is ", int{t}, ", not a tier (0..3)"));
-    }
-    uint64_t g = i / pages, p = i % pages;
-    Tier expected = p < old_pages
-                        ? s.placement.at(static_cast<uint32_t>(g), static_cast<uint32_t>(p))
-                        : Tier::kT0;
-    if (static_cast<Tier>(t) != expected) {
-      return Precondition(absl::StrCat("current_tiers[", i, "] (group ", g, ", page ", p, ") is T",
-                                       int{t}, " but the acknowledged placement says ",
-                                       std::string(tiering::TierName(expected))));
+  for (uint32_t g = 0; g < geo.layer_groups; ++g) {
+    for (uint64_t p = 0; p < pages; ++p) {
+      const uint64_t i = g * pages + p;
+      const uint8_t t = static_cast<uint8_t>(tiers[i]);
+      if (t > 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("current_tiers[", i, "] is ", int{t}, ", not a tier (0..3)"));
+      }
+      const Tier expected = p < old_pages ? s.placement.at(g, static_cast<uint32_t>(p)) : Tier::kT0;
+      if (static_cast<Tier>(t) != expected) {
+        return Precondition(absl::StrCat("current_tiers[", i, "] (group ", g, ", page ", p,
+                                         ") is T", int{t}, " but the acknowledged placement says ",
+                                         std::string(tiering::TierName(expected))));
+      }
     }
   }
   return absl::OkStatus();
@@ -111,7 +115,46 @@ const char* ReasonText(Metrics::DegradeReason r) {
   }
 }
 
+// "DDR pool full: 12 pages; 12 compressed instead, 0 kept in their tier (no extra eviction)".
+std::string DegradedReason(const Shortage& shortage) {
+  std::string reason;
+  for (int k = 0; k < 3; ++k) {
+    if (shortage.pages[k] == 0) continue;
+    absl::StrAppend(&reason, reason.empty() ? "" : "; ",
+                    ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", shortage.pages[k],
+                    " pages");
+  }
+  absl::StrAppend(&reason, "; ", shortage.compressed_instead, " compressed instead, ",
+                  shortage.total() - shortage.compressed_instead,
+                  " kept in their tier (no extra eviction)");
+  return reason;
+}
+
 }  // namespace
+
+std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
+                                                          absl::Span<const float> scores,
+                                                          Placement& target, Shortage* shortage) {
+  // Page order first; if anything was short, again by ascending score, so that the pages left
+  // in T0 are the best-scoring ones.
+  const Placement& current = s.placement;
+  std::vector<uint32_t> need;
+  for (uint32_t i = 0; i < target.tiers.size(); ++i) {
+    if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
+  }
+  std::vector<Slot> dst(target.tiers.size());
+  const Placement wanted = target;
+  *shortage = GrantLocked(w, s.policy, current, need, /*count_failures=*/false, target, dst);
+  if (shortage->total() > 0) {
+    for (uint32_t i : need) ReleaseLocked(w, dst[i]);
+    target = wanted;
+    std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
+      return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
+    });
+    *shortage = GrantLocked(w, s.policy, current, need, /*count_failures=*/true, target, dst);
+  }
+  return dst;
+}
 
 void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages) {
   s.length = length;
@@ -127,6 +170,33 @@ void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pa
   }
   s.placement = std::move(grown);
   s.slots = std::move(slots);
+}
+
+Shortage DaemonCoreImpl::GrantLocked(WorkerRec& w, const PolicySpec& policy,
+                                     const Placement& current, absl::Span<const uint32_t> need,
+                                     bool count_failures, Placement& target,
+                                     std::vector<Slot>& dst) {
+  Shortage shortage;
+  for (uint32_t i : need) {
+    const Tier from = current.tiers[i];
+    const Tier want = target.tiers[i];
+    Metrics::DegradeReason why{};
+    std::optional<Slot> slot = GrantLocked(w, want, count_failures, &why);
+    if (!slot.has_value()) {
+      ++shortage.pages[static_cast<int>(why)];
+      // Fallbacks never evict: T1 short -> compress if the policy may; T2 short -> T1.
+      Tier alt = Tier::kT0;
+      if (want == Tier::kT1 && from == Tier::kT0 && AllowsCompression(policy)) alt = Tier::kT2;
+      if (want == Tier::kT2 && from == Tier::kT0) alt = Tier::kT1;
+      Metrics::DegradeReason ignored{};
+      if (alt != Tier::kT0) slot = GrantLocked(w, alt, count_failures, &ignored);
+      if (slot.has_value() && alt == Tier::kT2) ++shortage.compressed_instead;
+      // Without a slot the page stays where it is (T0, or its current pool).
+      target.tiers[i] = slot.has_value() ? alt : from;
+    }
+    if (slot.has_value()) dst[i] = std::move(*slot);
+  }
+  return shortage;
 }
 
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
@@ -154,41 +224,8 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
                    DecidePlacement(s->policy, s->prompt_tokens, s->length, current, scores));
   Placement& target = decision.target;
 
-  // Destination slots for pages entering a pool; lowest scores first, so that when a pool is
-  // short the best pages are the ones that stay in T0.
-  std::vector<uint32_t> need;
-  for (uint32_t i = 0; i < target.tiers.size(); ++i) {
-    if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
-  }
-  std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
-    return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
-  });
-  std::vector<Slot> dst(target.tiers.size());
-  std::array<uint64_t, 3> short_pages{};  // by DegradeReason
-  uint64_t compressed_instead = 0;
-  for (uint32_t i : need) {
-    const Tier from = current.tiers[i];
-    Tier want = target.tiers[i];
-    Metrics::DegradeReason why{};
-    std::optional<Slot> slot = GrantLocked(*w, want, &why);
-    if (!slot.has_value()) {
-      ++short_pages[static_cast<int>(why)];
-      // Fallbacks never evict: T1 short -> compress if the policy may; T2 short -> T1.
-      Tier alt = Tier::kT0;
-      if (want == Tier::kT1 && from == Tier::kT0 && AllowsCompression(s->policy)) alt = Tier::kT2;
-      if (want == Tier::kT2 && from == Tier::kT0) alt = Tier::kT1;
-      Metrics::DegradeReason why2{};
-      if (alt != Tier::kT0) slot = GrantLocked(*w, alt, &why2);
-      if (slot.has_value()) {
-        want = alt;
-        if (alt == Tier::kT2) ++compressed_instead;
-      } else {
-        want = from;  // stays where it is (T0, or its current pool)
-      }
-      target.tiers[i] = want;
-    }
-    if (slot.has_value()) dst[i] = std::move(*slot);
-  }
+  Shortage shortage;
+  std::vector<Slot> dst = GrantDestinationsLocked(*w, *s, scores, target, &shortage);
 
   v1::TierPlan plan;
   plan.set_sequence_id(s->id);
@@ -207,6 +244,10 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
   PendingPlan pending;
   pending.version = version;
   pending.moves.reserve(moves.size());
+  plan.mutable_move_group()->Reserve(static_cast<int>(moves.size()));
+  plan.mutable_move_page()->Reserve(static_cast<int>(moves.size()));
+  plan.mutable_move_dst_slot()->Reserve(static_cast<int>(moves.size()));
+  plan.mutable_move_src_slot()->Reserve(static_cast<int>(moves.size()));
   std::string* from_bytes = plan.mutable_move_from();
   std::string* to_bytes = plan.mutable_move_to();
   for (const tiering::Move& m : moves) {
@@ -220,20 +261,14 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
     if (metrics_ != nullptr) metrics_->CountMove(tiering::KindOf(m.from, m.to), MoveBytes(*w, m));
     pending.moves.push_back({m, std::move(dst[i])});
   }
-  uint64_t short_total = short_pages[0] + short_pages[1] + short_pages[2];
-  if (short_total > 0) {
+  if (shortage.total() > 0) {
     plan.set_degraded(true);
-    std::string reason;
+    plan.set_degraded_reason(DegradedReason(shortage));
     for (int k = 0; k < 3; ++k) {
-      if (short_pages[k] == 0) continue;
-      if (metrics_ != nullptr) metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
-      absl::StrAppend(&reason, reason.empty() ? "" : "; ",
-                      ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", short_pages[k],
-                      " pages");
+      if (shortage.pages[k] > 0 && metrics_ != nullptr) {
+        metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
+      }
     }
-    absl::StrAppend(&reason, "; ", compressed_instead, " compressed instead, ",
-                    short_total - compressed_instead, " kept in their tier (no extra eviction)");
-    plan.set_degraded_reason(reason);
   }
   plan.set_protected_overflow(decision.protected_overflow);
   if (decision.protected_overflow && metrics_ != nullptr) metrics_->CountProtectedOverflow();

@@ -295,7 +295,23 @@ TEST(DaemonCoreTest, TinyDdrPoolDegradesAndKeepsPagesInT0) {
   EXPECT_EQ(CountTier(plan->target_tiers(), 2), 0);  // compress_ratio 0: not allowed to compress
   EXPECT_EQ(CountTier(plan->target_tiers(), 3), 0);  // never evict to make room
   EXPECT_EQ(plan->report().tokens_t3(), 0u);
-  // The pages kept in T0 are the best-scoring of those planned for T1.
+  // The pages that got the 8 slots are the lowest-scoring of those the policy wanted in T1 (as a
+  // roomy pool shows), so the ones kept in T0 are the best.
+  Env roomy;
+  SimWorker rw(roomy.core.get());
+  auto rseq = rw.Open(0, Policy("hierarchy", 0.1, 0, 0));
+  auto rplan = rw.Snapshot(*rseq, 1600, RampScores(100));
+  ASSERT_TRUE(rplan.ok());
+  std::vector<std::pair<float, int>> wanted;
+  const auto scores = RampScores(100);
+  for (int i = 0; i < 100; ++i) {
+    if (rplan->target_tiers()[i] == 1) wanted.emplace_back(scores[i], i);
+  }
+  std::sort(wanted.begin(), wanted.end());
+  ASSERT_GT(wanted.size(), 8u);
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    EXPECT_EQ(plan->target_tiers()[wanted[k].second], k < 8 ? 1 : 0) << "rank " << k;
+  }
   ASSERT_TRUE(w.Ack(*plan, true).ok());
 }
 
