@@ -99,6 +99,10 @@ class DaemonCoreImpl final : public DaemonCore {
   int ReapExpired() override;
   void Reload(const CoreOptions& options) override;
 
+  // Cross-checks all bookkeeping (tests and the fuzzer): allocator invariants, per-worker and
+  // per-pool byte accounting, slots present exactly for pages in T1/T2, figure totals.
+  absl::Status CheckInvariants() const;
+
  private:
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterLocked(const v1::RegisterWorkerRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

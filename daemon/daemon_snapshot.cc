@@ -192,15 +192,20 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
 
   v1::TierPlan plan;
   plan.set_sequence_id(s->id);
-  const uint64_t version = s->next_version++;
+  const uint64_t version = s->next_version;
   plan.set_plan_version(version);
   plan.mutable_target_tiers()->resize(target.tiers.size());
   for (size_t i = 0; i < target.tiers.size(); ++i) {
     (*plan.mutable_target_tiers())[i] = static_cast<char>(target.tiers[i]);
   }
+  absl::StatusOr<std::vector<tiering::Move>> ordered = OrderedMoves(current, target);
+  if (!ordered.ok()) {
+    for (Slot& slot : dst) ReleaseLocked(*w, slot);
+    return ordered.status();
+  }
+  const std::vector<tiering::Move>& moves = *ordered;
   PendingPlan pending;
   pending.version = version;
-  std::vector<tiering::Move> moves = OrderedMoves(current, target);
   pending.moves.reserve(moves.size());
   std::string* from_bytes = plan.mutable_move_from();
   std::string* to_bytes = plan.mutable_move_to();
@@ -235,6 +240,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
   pending.figures = ComputeFigures(w->geometry, target, s->prompt_tokens, s->length);
   pending.figures.ToProto(plan.mutable_report());
   s->pending = std::move(pending);
+  ++s->next_version;
   UpdateGaugesLocked();
   return plan;
 }
@@ -277,6 +283,70 @@ void DaemonCoreImpl::CommitLocked(WorkerRec& w, SequenceRec& s) {
       s.pending->figures.tokens[3] - std::min(s.pending->figures.tokens[3], s.figures.tokens[3]);
   if (metrics_ != nullptr && newly_evicted > 0) metrics_->CountEvictedTokens(newly_evicted);
   SetFiguresLocked(s, s.pending->figures);
+}
+
+}  // namespace kvtier::daemon::internal
+
+namespace kvtier::daemon::internal {
+
+absl::Status DaemonCoreImpl::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& pool : pools_) RETURN_IF_ERROR(pool->slots.CheckInvariants());
+  std::array<uint64_t, 2> pool_bytes{};
+  std::array<uint64_t, tiering::kNumTiers> tokens{};
+  uint64_t full = 0, t0 = 0;
+  for (const auto& [wid, w] : workers_) {
+    std::array<uint64_t, 2> held{};
+    for (uint64_t sid : w.sequences) {
+      auto it = sequences_.find(sid);
+      if (it == sequences_.end() || it->second.worker_id != wid) {
+        return absl::InternalError(absl::StrCat("worker ", wid, " lists sequence ", sid));
+      }
+      const SequenceRec& s = it->second;
+      if (s.slots.size() != s.placement.tiers.size()) return absl::InternalError("slots shape");
+      for (size_t i = 0; i < s.slots.size(); ++i) {
+        const bool pooled = InPool(s.placement.tiers[i]);
+        if (pooled != s.slots[i].valid()) {
+          return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " slot/tier"));
+        }
+        if (pooled) {
+          if (PoolOf(s.slots[i]) != PoolIndex(s.placement.tiers[i])) {
+            return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " wrong pool"));
+          }
+          held[PoolOf(s.slots[i])] += s.slots[i].bytes();
+        }
+      }
+      if (s.pending.has_value()) {
+        for (const PendingMove& m : s.pending->moves) {
+          if (InPool(m.move.to) != m.dst.valid()) return absl::InternalError("pending dst");
+          if (m.dst.valid()) held[PoolOf(m.dst)] += m.dst.bytes();
+        }
+      }
+      for (int t = 0; t < tiering::kNumTiers; ++t) tokens[t] += s.figures.tokens[t];
+      full += s.figures.full_bytes;
+      t0 += s.figures.t0_bytes;
+    }
+    if (held != w.pool_bytes) {
+      return absl::InternalError(absl::StrCat("worker ", wid, " accounting: holds ", held[0], "/",
+                                              held[1], ", recorded ", w.pool_bytes[0], "/",
+                                              w.pool_bytes[1]));
+    }
+    pool_bytes[0] += held[0];
+    pool_bytes[1] += held[1];
+  }
+  size_t listed = 0;
+  for (const auto& [wid, w] : workers_) listed += w.sequences.size();
+  if (listed != sequences_.size()) return absl::InternalError("orphan sequences");
+  for (int i = 0; i < 2; ++i) {
+    if (pool_bytes[i] != pools_[i]->slots.used_bytes()) {
+      return absl::InternalError(absl::StrCat("pool ", i, " used ", pools_[i]->slots.used_bytes(),
+                                              " but workers hold ", pool_bytes[i]));
+    }
+  }
+  if (tokens != total_tokens_ || full != total_full_bytes_ || t0 != total_t0_bytes_) {
+    return absl::InternalError("figure totals drifted");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvtier::daemon::internal

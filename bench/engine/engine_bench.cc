@@ -1,7 +1,7 @@
 // Engine throughput on the real model: prefill and decode tokens/s with 1 and 2 threads, and
 // the Q4_1 kernel against its scalar baseline (same run). See docs/engine.md for figures.
 //
-//   build/bench/engine/engine_bench --benchmark_counters_tabular=true
+//   build/bin/engine_bench --benchmark_counters_tabular=true
 
 #include <filesystem>
 #include <memory>

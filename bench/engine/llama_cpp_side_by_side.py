@@ -5,7 +5,7 @@ same thread counts, same synthetic 64-token prompt, measured alternately in the 
 llama.cpp comes from llama-cpp-python in a venv outside the repository (see
 scripts/make-oracle-fixture); it is not a project dependency.
 
-  /tmp/llvenv/bin/python bench/engine/llama_cpp_side_by_side.py --bench build/bench/engine/engine_bench
+  /tmp/llvenv/bin/python bench/engine/llama_cpp_side_by_side.py --bench build/bin/engine_bench
 """
 import argparse
 import json
@@ -56,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.environ.get(
         "KVTIER_MODEL", os.path.join(home, "SmolLM2-135M-Instruct.Q4_1.gguf")))
-    ap.add_argument("--bench", default="build/bench/engine/engine_bench")
+    ap.add_argument("--bench", default="build/bin/engine_bench")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     print(f"{'threads':>7} {'engine':>8} {'prefill tok/s':>14} {'decode tok/s':>13}")
