@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -20,21 +21,52 @@
 namespace kvtier {
 namespace {
 
+// Label names of each exported name (histogram buckets also carry "le").
+using LabelIndex = std::map<std::string, std::set<std::string>>;
+
 // Names exported by a registry, as they appear in PromQL. prometheus-cpp leaves a family with no
 // series out of Collect(), so the one family whose series appear on first use (errors, labelled
 // by code) gets one.
-std::set<std::string> ExportedNames() {
+LabelIndex ExportedNames() {
   std::unique_ptr<daemon::Metrics> metrics = daemon::Metrics::Create();
   metrics->CountError(daemon::Metrics::Rpc::kGetStatus, absl::StatusCode::kNotFound);
-  std::set<std::string> names;
+  LabelIndex names;
   for (const prometheus::MetricFamily& family : metrics->registry()->Collect()) {
+    std::set<std::string> labels;
+    for (const prometheus::ClientMetric& m : family.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) labels.insert(l.name);
+    }
     if (family.type == prometheus::MetricType::Histogram) {
-      for (const char* suffix : {"_bucket", "_sum", "_count"}) names.insert(family.name + suffix);
+      for (const char* suffix : {"_sum", "_count"}) names[family.name + suffix] = labels;
+      labels.insert("le");
+      names[family.name + "_bucket"] = labels;
     } else {
-      names.insert(family.name);
+      names[family.name] = labels;
     }
   }
   return names;
+}
+
+// Label names an expression filters or groups by: matchers {a="x"} and by/without (a, b).
+std::set<std::string> LabelNames(const std::string& expr) {
+  static const std::regex kMatcher(R"(([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=))");
+  static const std::regex kBlock(R"(\{([^}]*)\})");
+  static const std::regex kGroup(R"(\b(?:by|without)\s*\(([^)]*)\))");
+  static const std::regex kName(R"([a-zA-Z_][a-zA-Z0-9_]*)");
+  std::set<std::string> labels;
+  auto collect = [&](const std::regex& outer, const std::regex& inner) {
+    for (auto b = std::sregex_iterator(expr.begin(), expr.end(), outer);
+         b != std::sregex_iterator(); ++b) {
+      const std::string body = (*b)[1].str();
+      for (auto it = std::sregex_iterator(body.begin(), body.end(), inner);
+           it != std::sregex_iterator(); ++it) {
+        labels.insert((*it)[1].matched ? (*it)[1].str() : it->str());
+      }
+    }
+  };
+  collect(kBlock, kMatcher);
+  collect(kGroup, kName);
+  return labels;
 }
 
 nlohmann::json LoadDashboard() {
@@ -102,8 +134,13 @@ TEST(DashboardMetricsTest, ExtractorFindsMetricsAndSkipsLabelsFunctionsAndKeywor
               ::testing::ElementsAre("c_total"));
 }
 
+TEST(DashboardMetricsTest, LabelExtractorFindsMatchersAndGroupings) {
+  EXPECT_THAT(LabelNames("sum by (tier, reason) (rate(a{kind=\"x\",code!~\"y\"}[1m]))"),
+              ::testing::ElementsAre("code", "kind", "reason", "tier"));
+}
+
 TEST(DashboardMetricsTest, EveryMetricTheDashboardUsesIsExportedByTheDaemon) {
-  const std::set<std::string> exported = ExportedNames();
+  const LabelIndex exported = ExportedNames();
   ASSERT_FALSE(exported.empty());
   const std::vector<std::string> exprs = Expressions(LoadDashboard());
   ASSERT_GE(exprs.size(), 10u) << "the dashboard lost its panels";
@@ -111,10 +148,16 @@ TEST(DashboardMetricsTest, EveryMetricTheDashboardUsesIsExportedByTheDaemon) {
   for (const std::string& expr : exprs) {
     std::set<std::string> names = MetricNames(expr);
     EXPECT_FALSE(names.empty()) << "no metric in: " << expr;
+    std::set<std::string> labels = {"instance", "job"};  // added by Prometheus
     for (const std::string& name : names) {
       EXPECT_TRUE(exported.count(name)) << name << " (in " << expr << ") is not defined in "
                                         << "daemon/metrics";
       used.insert(name);
+      if (exported.count(name)) labels.insert(exported.at(name).begin(), exported.at(name).end());
+    }
+    for (const std::string& label : LabelNames(expr)) {
+      EXPECT_TRUE(labels.count(label))
+          << "label " << label << " (in " << expr << ") is on none of its metrics";
     }
   }
   // The concerns of the dashboard, each backed by its metric.
