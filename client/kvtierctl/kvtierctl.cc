@@ -31,7 +31,7 @@ std::string Percent(uint64_t part, uint64_t whole) {
 }
 
 std::string StatusTable(const v1::GetStatusResponse& s) {
-  Table t({"FIELD", "VALUE"});
+  Table t({"FIELD", "VALUE"}, /*align_numbers=*/false);
   t.AddRow({"version", s.version()});
   t.AddRow({"epoch", absl::StrCat(s.daemon_epoch())});
   t.AddRow({"uptime", HumanDuration(s.uptime_ms())});

@@ -28,7 +28,7 @@ std::string Table::Render() const {
     for (size_t i = 0; i < width.size(); ++i) {
       const std::string cell = i < row.size() ? row[i] : "";
       std::string pad(width[i] - cell.size(), ' ');
-      out += (!header && LooksNumeric(cell)) ? pad + cell : cell + pad;
+      out += (!header && align_numbers_ && LooksNumeric(cell)) ? pad + cell : cell + pad;
       out += i + 1 < width.size() ? "  " : "";
     }
     while (!out.empty() && out.back() == ' ') out.pop_back();

@@ -11,13 +11,16 @@ namespace kvtier::ctl {
 // right-aligned: cells that parse as numbers (with an optional unit suffix) are.
 class Table {
  public:
-  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  // `align_numbers`: right-align numeric cells (off for key/value listings).
+  explicit Table(std::vector<std::string> header, bool align_numbers = true)
+      : header_(std::move(header)), align_numbers_(align_numbers) {}
   void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
   std::string Render() const;
 
  private:
   std::vector<std::string> header_;
   std::vector<std::vector<std::string>> rows_;
+  bool align_numbers_;
 };
 
 // 1536 -> "1.5 KiB"; exact below 1 KiB.

@@ -55,7 +55,16 @@ struct Move {
   uint32_t page = 0;
   Tier from = Tier::kT0;
   Tier to = Tier::kT0;
+  // True when the page leaves T2 for T0 or T1: its contents carry 8-bit error from now on.
+  bool lossy = false;
   friend bool operator==(const Move&, const Move&) = default;
+};
+
+// What the daemon knows of a sequence: token positions [0, length); prompt [0, prompt_tokens);
+// generated [prompt_tokens, length).
+struct SequenceState {
+  uint64_t prompt_tokens = 0;
+  uint64_t length = 0;  // tokens written
 };
 
 // Where every page of one sequence lives: tiers[group * num_pages + page].

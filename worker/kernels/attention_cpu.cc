@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -13,6 +14,13 @@ namespace kvtier::worker::kernels {
 namespace {
 
 inline size_t RoundUp8(size_t n) { return (n + 7) & ~size_t{7}; }
+
+// A row of zeros standing in for dead rows inside a block of four.
+const float* ZeroRow(uint32_t head_dim) {
+  thread_local std::vector<float> zeros;
+  if (zeros.size() < head_dim) zeros.assign(head_dim, 0.f);
+  return zeros.data();
+}
 
 }  // namespace
 
@@ -25,6 +33,9 @@ float Dot(const float* a, const float* b, uint32_t n) {
   float acc = 0.f;
   for (uint32_t i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
+}
+void ScoreRows(const float* q, const float* const* rows, uint32_t hd, float* dots) {
+  for (int j = 0; j < 4; ++j) dots[j] = Dot(q, rows[j], hd);
 }
 float MaxOf(const float* s, uint32_t n) {
   float m = -std::numeric_limits<float>::infinity();
@@ -95,15 +106,22 @@ inline float HMax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-float Dot(const float* a, const float* b, uint32_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  uint32_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+// Dots of q with four rows: one FMA chain per row over the 8-wide chunks of head_dim, then one
+// shared horizontal reduction whose tree is the same for every slot.
+void ScoreRows(const float* q, const float* const* rows, uint32_t hd, float* dots) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (uint32_t d = 0; d < hd; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[0] + d), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[1] + d), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[2] + d), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[3] + d), a3);
   }
-  if (i < n) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  return HSum(_mm256_add_ps(acc0, acc1));
+  const __m256 t01 = _mm256_hadd_ps(a0, a1);
+  const __m256 t23 = _mm256_hadd_ps(a2, a3);
+  const __m256 t = _mm256_hadd_ps(t01, t23);  // [r0 r1 r2 r3 | r0' r1' r2' r3']
+  const __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  _mm_storeu_ps(dots, r);
 }
 
 float MaxOf(const float* s, uint32_t n) {
@@ -165,21 +183,45 @@ void AddTo(float* dst, const float* src, uint32_t n) {
 // accumulates position by position).
 constexpr uint32_t kValueBlock = 32;
 
-// o[0 .. 8*NV) += sum over positions [b, e) of w[pos] * v_rows[pos][off ..].
-template <int NV>
-inline void AccumulateChunk(const AttentionParams& p, const float* w, uint32_t kvh, size_t off,
-                            uint32_t b, uint32_t e, float* o) {
-  __m256 acc[NV];
-  for (int j = 0; j < NV; ++j) acc[j] = _mm256_loadu_ps(o + 8 * j);
+// For the G query heads of kv head `kvh` (weights w + g * stride, outputs o + g * hd), adds
+// sum over positions [b, e) of w_g[pos] * v_rows[pos][off .. off + 8 * NV). Each V chunk is
+// loaded once for all G heads. Every output element still accumulates position by position
+// with one FMA each, so the grouping does not change any result.
+template <int G, int NV>
+inline void AccumulateHeads(const AttentionParams& p, const float* w, size_t stride, uint32_t kvh,
+                            size_t off, uint32_t b, uint32_t e, float* o) {
+  const uint32_t hd = p.head_dim;
+  __m256 acc[G][NV];
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < NV; ++j) acc[g][j] = _mm256_loadu_ps(o + g * hd + 8 * j);
+  }
   for (uint32_t pos = b; pos < e; ++pos) {
     const float* row = p.v_rows[pos];
     if (row == nullptr || (p.keep != nullptr && p.keep[kvh][pos] == 0)) continue;
-    const __m256 wv = _mm256_set1_ps(w[pos]);
-    for (int j = 0; j < NV; ++j) {
-      acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + off + 8 * j), acc[j]);
+    __m256 v[NV];
+    for (int j = 0; j < NV; ++j) v[j] = _mm256_loadu_ps(row + off + 8 * j);
+    for (int g = 0; g < G; ++g) {
+      const __m256 wv = _mm256_broadcast_ss(w + g * stride + pos);
+      for (int j = 0; j < NV; ++j) acc[g][j] = _mm256_fmadd_ps(wv, v[j], acc[g][j]);
     }
   }
-  for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o + 8 * j, acc[j]);
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o + g * hd + 8 * j, acc[g][j]);
+  }
+}
+
+// One kv head's group of G heads (G <= 4 held in registers) over dims in chunks.
+template <int G>
+void AccumulateGroup(const AttentionParams& p, const float* w, size_t stride, uint32_t kvh,
+                     uint32_t b, uint32_t e, float* o) {
+  const uint32_t hd = p.head_dim;
+  constexpr int kNv = G <= 2 ? 4 : 2;  // G * kNv accumulators + kNv rows fit in 16 ymm
+  uint32_t d = 0;
+  for (; d + 8 * kNv <= hd; d += 8 * kNv) {
+    AccumulateHeads<G, kNv>(p, w, stride, kvh, size_t{kvh} * hd + d, b, e, o + d);
+  }
+  for (; d < hd; d += 8)
+    AccumulateHeads<G, 1>(p, w, stride, kvh, size_t{kvh} * hd + d, b, e, o + d);
 }
 
 void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, uint32_t cnt,
@@ -187,18 +229,34 @@ void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, u
   const uint32_t group = p.num_q_heads / p.num_kv_heads;
   const uint32_t hd = p.head_dim;
   std::fill(out, out + size_t{p.num_q_heads} * hd, 0.f);
+  const size_t row_bytes = size_t{p.num_kv_heads} * hd * sizeof(float);
   for (uint32_t b = 0; b < cnt; b += kValueBlock) {
     const uint32_t e = std::min(cnt, b + kValueBlock);
+    // Rows two blocks ahead are fetched into L2 while this block is swept by every head.
+    for (uint32_t pos = b + 2 * kValueBlock; pos < std::min(cnt, b + 3 * kValueBlock); ++pos) {
+      const char* row = reinterpret_cast<const char*>(p.v_rows[pos]);
+      if (row == nullptr) continue;
+      for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T1);
+    }
     for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
-      for (uint32_t g = 0; g < group; ++g) {
-        const uint32_t h = kvh * group + g;
+      for (uint32_t g0 = 0; g0 < group; g0 += 4) {
+        const uint32_t h = kvh * group + g0;
         const float* wh = w + h * stride;
         float* o = out + size_t{h} * hd;
-        uint32_t d = 0;
-        for (; d + 32 <= hd; d += 32) {
-          AccumulateChunk<4>(p, wh, kvh, size_t{kvh} * hd + d, b, e, o + d);
+        switch (std::min<uint32_t>(4, group - g0)) {
+          case 1:
+            AccumulateGroup<1>(p, wh, stride, kvh, b, e, o);
+            break;
+          case 2:
+            AccumulateGroup<2>(p, wh, stride, kvh, b, e, o);
+            break;
+          case 3:
+            AccumulateGroup<3>(p, wh, stride, kvh, b, e, o);
+            break;
+          default:
+            AccumulateGroup<4>(p, wh, stride, kvh, b, e, o);
+            break;
         }
-        for (; d < hd; d += 8) AccumulateChunk<1>(p, wh, kvh, size_t{kvh} * hd + d, b, e, o + d);
       }
     }
   }

@@ -1,0 +1,190 @@
+// Snapshot -> plan round trips (latency: SubmitSnapshot alone; plans/s: snapshot + ack) over
+// kvtierd's unix socket, with real worker clients.
+//
+// Open loop: W workers each offer one snapshot every --period-ms (2K pages each); reports
+// p50/p99 latency. Closed loop: the same workers submit back to back; reports plans/s.
+// Baseline in the same run: GetStatus round trips (an empty RPC) over the same socket, so the
+// ratio shows what planning adds to bare gRPC. Also reports the daemon's resident memory.
+//
+//   kvtier-bench-daemon --workers 1,8,32 --pages 2048 --seconds 3
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "kvtier/client.h"
+#include "tests/integration/support/daemon_process.h"
+
+namespace kvtier {
+namespace {
+
+struct Sample {
+  std::vector<double> latencies_us;
+  uint64_t plans = 0;
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  size_t k = static_cast<size_t>(q * (v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k];
+}
+
+std::unique_ptr<WorkerClient> Connect(const std::string& address, int index) {
+  ClientOptions o;
+  o.address = address;
+  o.rpc_deadline = absl::Seconds(5);
+  auto& r = o.registration;
+  r.set_worker_name(absl::StrCat("bench-", index));
+  auto* g = r.mutable_geometry();
+  g->set_model_name("bench");
+  g->set_num_layers(2);
+  g->set_num_kv_heads(1);
+  g->set_head_dim(16);
+  g->set_element_bytes(2);
+  g->set_page_tokens(16);
+  g->set_layer_groups(1);
+  r.set_t1_page_bytes(2048);
+  r.set_t2_page_bytes(1024);
+  auto c = WorkerClient::Connect(o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(c);
+}
+
+// One worker's sequences: snapshot, ack, repeat, until `stop`; waits `period` between offers.
+void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Duration period,
+               absl::Time stop, Sample* out, int seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0, 1);
+  struct Seq {
+    uint64_t id, acked = 0;
+    std::string tiers;
+    std::vector<float> scores;
+  };
+  std::vector<Seq> seqs;
+  v1::PolicyConfig policy;
+  policy.set_name("hierarchy");
+  policy.set_hbm_ratio(0.5);
+  policy.set_evict_ratio(0.03);
+  policy.set_compress_ratio(0.2);
+  for (int s = 0; s < sequences; ++s) {
+    auto id = client->OpenSequence(256, policy, "bench");
+    seqs.push_back({*id, 0, std::string(pages, '\0'), std::vector<float>(pages, 0.f)});
+  }
+  absl::Time next = absl::Now();
+  for (size_t i = 0; absl::Now() < stop; ++i) {
+    Seq& s = seqs[i % seqs.size()];
+    v1::SubmitSnapshotRequest snap;
+    snap.set_sequence_id(s.id);
+    snap.set_length(uint64_t{pages} * 16);
+    snap.set_num_pages(pages);
+    snap.set_last_plan_version(s.acked);
+    snap.set_current_tiers(s.tiers);
+    for (uint32_t p = 0; p < pages; ++p) {
+      if (s.tiers[p] != 3) s.scores[p] += u(rng);
+      snap.add_page_scores(s.scores[p]);
+    }
+    absl::Time t0 = absl::Now();
+    auto plan = client->SubmitSnapshot(std::move(snap));
+    const double latency_us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (!plan.ok() || !client->AckPlan(s.id, plan->plan_version(), true).ok()) continue;
+    out->latencies_us.push_back(latency_us);
+    ++out->plans;
+    s.tiers = plan->target_tiers();
+    s.acked = plan->plan_version();
+    if (period > absl::ZeroDuration()) {
+      next += period;
+      absl::SleepFor(next - absl::Now());
+    }
+  }
+  for (auto& s : seqs) (void)client->CloseSequence(s.id);
+}
+
+uint64_t RssKiB(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
+Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequences, uint32_t pages,
+           absl::Duration period, absl::Duration length) {
+  std::vector<Sample> samples(clients.size());
+  std::vector<std::thread> threads;
+  absl::Time stop = absl::Now() + length;
+  for (size_t w = 0; w < clients.size(); ++w) {
+    threads.emplace_back(RunWorker, clients[w].get(), sequences, pages, period, stop, &samples[w],
+                         static_cast<int>(w));
+  }
+  for (auto& t : threads) t.join();
+  Sample all;
+  for (auto& s : samples) {
+    all.plans += s.plans;
+    all.latencies_us.insert(all.latencies_us.end(), s.latencies_us.begin(), s.latencies_us.end());
+  }
+  return all;
+}
+
+double StatusRoundTripUs(WorkerClient* client, int n) {
+  absl::Time t0 = absl::Now();
+  for (int i = 0; i < n; ++i) (void)client->GetStatus(false, false);
+  return absl::ToDoubleMicroseconds(absl::Now() - t0) / n;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+int main(int argc, char** argv) {
+  using namespace kvtier;
+  CLI::App app{"kvtier daemon benchmark: snapshot->plan round trips over the unix socket"};
+  std::string workers_list = "1,8,32";
+  uint32_t pages = 2048;
+  double seconds = 3;
+  double period_ms = 10;
+  int sequences = 8;
+  app.add_option("--workers", workers_list, "Comma-separated worker counts")->capture_default_str();
+  app.add_option("--pages", pages, "Pages per snapshot")->capture_default_str();
+  app.add_option("--sequences", sequences, "Sequences per worker")->capture_default_str();
+  app.add_option("--seconds", seconds, "Seconds per measurement")->capture_default_str();
+  app.add_option("--period-ms", period_ms, "Open-loop period per worker")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  auto daemon =
+      testing::DaemonProcess::Start({.config_text = "[limits]\nmax_sequences_per_worker = 4096\n"});
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "%s\n", daemon.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "| workers | mode | plans/s | p50 us | p99 us | GetStatus us (baseline) | "
+      "p50 / baseline | daemon RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
+  for (absl::string_view w : absl::StrSplit(workers_list, ',')) {
+    int n = std::stoi(std::string(w));
+    std::vector<std::unique_ptr<WorkerClient>> clients;
+    for (int i = 0; i < n; ++i) clients.push_back(Connect((*daemon)->address(), i));
+    double baseline = StatusRoundTripUs(clients[0].get(), 500);
+    for (bool open_loop : {true, false}) {
+      auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
+      Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds));
+      double p50 = Percentile(s.latencies_us, 0.5);
+      std::printf("| %d | %s | %.0f | %.0f | %.0f | %.0f | %.1fx | %.1f |\n", n,
+                  open_loop ? absl::StrCat("open ", period_ms, " ms").c_str() : "closed",
+                  s.plans / seconds, p50, Percentile(s.latencies_us, 0.99), baseline,
+                  p50 / baseline, RssKiB((*daemon)->pid()) / 1024.0);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

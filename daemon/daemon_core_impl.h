@@ -1,0 +1,179 @@
+#ifndef KVTIER_DAEMON_DAEMON_CORE_IMPL_H_
+#define KVTIER_DAEMON_DAEMON_CORE_IMPL_H_
+
+// Private to daemon/: the implementation of DaemonCore. Split over daemon_core.cc (registry,
+// leases, status) and daemon_snapshot.cc (snapshots, plans, acknowledgements).
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "core/layout/geometry.h"
+#include "core/tiering/types.h"
+#include "daemon/daemon_core.h"
+#include "daemon/metrics.h"
+#include "daemon/placement_figures.h"
+#include "daemon/shm_segment.h"
+#include "daemon/slot_allocator.h"
+#include "daemon/tiering_adapter.h"
+
+namespace kvtier::daemon::internal {
+
+// One shared-memory pool and its slots. Not thread-safe (the core's mutex serializes).
+struct Pool {
+  Pool(ShmSegment s, layout::PoolKind k)
+      : segment(std::move(s)), kind(k), slots(segment.data_bytes()) {}
+  ShmSegment segment;
+  layout::PoolKind kind;
+  SlotAllocator slots;
+};
+
+// Index 0 = T1 (DDR), 1 = T2 (compressed).
+inline int PoolIndex(tiering::Tier t) { return t == tiering::Tier::kT2 ? 1 : 0; }
+inline bool InPool(tiering::Tier t) { return t == tiering::Tier::kT1 || t == tiering::Tier::kT2; }
+
+struct WorkerRec {
+  uint64_t id = 0;
+  std::string name;
+  int32_t pid = 0;
+  std::string model_name;
+  layout::KvGeometry geometry;
+  uint64_t hbm_budget_bytes = 0;
+  std::array<uint64_t, 2> page_bytes{};  // slot request per pool: t1_page_bytes, t2_page_bytes
+  absl::Duration last_seen;
+  absl::flat_hash_set<uint64_t> sequences;
+  std::array<uint64_t, 2> pool_bytes{};  // slot bytes held, pending destinations included
+};
+
+struct PendingMove {
+  tiering::Move move;
+  Slot dst;  // valid iff move.to is T1 or T2
+};
+
+struct PendingPlan {
+  uint64_t version = 0;
+  std::vector<PendingMove> moves;
+  PlacementFigures figures;  // of the target
+};
+
+struct SequenceRec {
+  uint64_t id = 0;
+  uint64_t worker_id = 0;
+  std::string tag;
+  PolicySpec policy;
+  uint64_t prompt_tokens = 0;
+  uint64_t length = 0;
+  tiering::Placement placement;  // acknowledged placement
+  std::vector<Slot> slots;       // parallel to placement.tiers; valid iff the tier is T1/T2
+  uint64_t last_acked = 0;       // last plan acknowledged (applied or refused)
+  uint64_t last_applied = 0;     // last plan applied
+  uint64_t next_version = 1;
+  std::optional<PendingPlan> pending;
+  PlacementFigures figures;  // of the acknowledged placement
+};
+
+// Thread-safe: one mutex guards all state. Lock order: mu_ only (pools have no locks).
+class DaemonCoreImpl final : public DaemonCore {
+ public:
+  DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics, uint64_t epoch,
+                 std::unique_ptr<Pool> ddr, std::unique_ptr<Pool> compressed);
+  ~DaemonCoreImpl() override;
+
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request) override;
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request) override;
+  absl::StatusOr<v1::OpenSequenceResponse> OpenSequence(
+      const v1::OpenSequenceRequest& request) override;
+  absl::StatusOr<v1::TierPlan> SubmitSnapshot(const v1::SubmitSnapshotRequest& request) override;
+  absl::StatusOr<v1::AckPlanResponse> AckPlan(const v1::AckPlanRequest& request) override;
+  absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
+      const v1::CloseSequenceRequest& request) override;
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request) override;
+  int ReapExpired() override;
+  void Reload(const CoreOptions& options) override;
+
+  // Cross-checks all bookkeeping (tests and the fuzzer): allocator invariants, per-worker and
+  // per-pool byte accounting, slots present exactly for pages in T1/T2, figure totals.
+  absl::Status CheckInvariants() const;
+
+ private:
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterLocked(const v1::RegisterWorkerRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(const v1::HeartbeatRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::OpenSequenceResponse> OpenLocked(const v1::OpenSequenceRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::TierPlan> SnapshotLocked(const v1::SubmitSnapshotRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::AckPlanResponse> AckLocked(const v1::AckPlanRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::CloseSequenceResponse> CloseLocked(const v1::CloseSequenceRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::GetStatusResponse StatusLocked(const v1::GetStatusRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The live worker `id`, lease renewed. NOT_FOUND for ids never issued by this daemon,
+  // FAILED_PRECONDITION for expired ones (an expired lease found here is reaped first).
+  absl::StatusOr<WorkerRec*> AuthenticateLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's sequence: NOT_FOUND when unknown, PERMISSION_DENIED when another worker's.
+  absl::StatusOr<SequenceRec*> FindSequenceLocked(const WorkerRec& w, uint64_t sequence_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ExpiredLocked(const WorkerRec& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees every slot of a sequence (committed and pending) and forgets it. Returns slots freed.
+  uint64_t FreeSequenceLocked(WorkerRec& w, uint64_t sequence_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeWorkerLocked(uint64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Slots charged to a worker: nullopt (and the reason) when the pool or the quota is short.
+  std::optional<Slot> GrantLocked(WorkerRec& w, tiering::Tier tier, Metrics::DegradeReason* reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(WorkerRec& w, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int PoolOf(const Slot& slot) const;
+
+  // Grows the acknowledged placement to `num_pages` (new pages in T0).
+  void GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetFiguresLocked(SequenceRec& s, const PlacementFigures& f)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitLocked(WorkerRec& w, SequenceRec& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts the request (and its error) in the metrics; returns `result` unchanged.
+  template <typename T>
+  absl::StatusOr<T> Count(Metrics::Rpc rpc, absl::StatusOr<T> result) {
+    if (metrics_ != nullptr) {
+      metrics_->CountRequest(rpc);
+      if (!result.ok()) metrics_->CountError(rpc, result.status().code());
+    }
+    return result;
+  }
+
+  Clock* const clock_;
+  Metrics* const metrics_;
+  const uint64_t epoch_;
+  const absl::Duration start_;
+  const uint64_t id_base_;
+  // Pools are declared before the registry so slots are released before allocators go away.
+  std::array<std::unique_ptr<Pool>, 2> pools_;
+
+  mutable absl::Mutex mu_;
+  CoreOptions options_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, WorkerRec> workers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, SequenceRec> sequences_ ABSL_GUARDED_BY(mu_);
+  // Sums over open sequences' acknowledged placements.
+  std::array<uint64_t, tiering::kNumTiers> total_tokens_ ABSL_GUARDED_BY(mu_){};
+  uint64_t total_full_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t total_t0_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvtier::daemon::internal
+
+#endif  // KVTIER_DAEMON_DAEMON_CORE_IMPL_H_

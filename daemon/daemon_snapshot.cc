@@ -1,0 +1,352 @@
+// DaemonCoreImpl: snapshots, plans and their acknowledgement (two-phase).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
+#include "daemon/daemon_core_impl.h"
+
+namespace kvtier::daemon::internal {
+namespace {
+
+using tiering::Placement;
+using tiering::Tier;
+
+// Bound on group x page entries of one snapshot (16M pages of 16 tokens = 256M positions).
+constexpr uint64_t kMaxSnapshotEntries = 1ull << 24;
+
+absl::Status Precondition(absl::string_view what) { return absl::FailedPreconditionError(what); }
+
+// Checks a snapshot against the geometry and the acknowledged record. Changes nothing.
+absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& geo,
+                              const v1::SubmitSnapshotRequest& r) {
+  if (s.pending.has_value()) {
+    return Precondition(absl::StrCat("sequence_id ", s.id, ": plan ", s.pending->version,
+                                     " is not acknowledged yet (one plan in flight)"));
+  }
+  if (r.last_plan_version() != s.last_acked && r.last_plan_version() != s.last_applied) {
+    return Precondition(absl::StrCat("last_plan_version ", r.last_plan_version(),
+                                     " is stale: the last acknowledged plan is ", s.last_acked));
+  }
+  if (r.length() < s.length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length ", r.length(), " is below the previous snapshot's ", s.length));
+  }
+  if (r.length() < s.prompt_tokens || r.length() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "length ", r.length(), " must be >= prompt_tokens (", s.prompt_tokens, ") and > 0"));
+  }
+  const uint64_t pages = geo.NumPages(r.length());
+  if (r.num_pages() != pages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_pages ", r.num_pages(), " must equal ceil(length / page_tokens) = ", pages));
+  }
+  const uint64_t entries = pages * geo.layer_groups;
+  if (entries > kMaxSnapshotEntries) {
+    return absl::InvalidArgumentError(absl::StrCat("num_pages ", r.num_pages(), " x ",
+                                                   geo.layer_groups, " groups exceeds ",
+                                                   kMaxSnapshotEntries));
+  }
+  if (static_cast<uint64_t>(r.page_scores_size()) != entries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_scores has ", r.page_scores_size(),
+                     " values, expected layer_groups x num_pages = ", entries));
+  }
+  if (r.current_tiers().size() != entries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("current_tiers has ", r.current_tiers().size(),
+                     " bytes, expected layer_groups x num_pages = ", entries));
+  }
+  for (int i = 0; i < r.page_scores_size(); ++i) {
+    if (!std::isfinite(r.page_scores(i))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_scores[", i, "] is not finite (", r.page_scores(i), ")"));
+    }
+  }
+  const std::string& tiers = r.current_tiers();
+  const uint32_t old_pages = s.placement.num_pages;
+  for (uint64_t i = 0; i < entries; ++i) {
+    uint8_t t = static_cast<uint8_t>(tiers[i]);
+    if (t > 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("current_tiers[", i, "] is ", int{t}, ", not a tier (0..3)"));
+    }
+    uint64_t g = i / pages, p = i % pages;
+    Tier expected = p < old_pages
+                        ? s.placement.at(static_cast<uint32_t>(g), static_cast<uint32_t>(p))
+                        : Tier::kT0;
+    if (static_cast<Tier>(t) != expected) {
+      return Precondition(absl::StrCat("current_tiers[", i, "] (group ", g, ", page ", p, ") is T",
+                                       int{t}, " but the acknowledged placement says ",
+                                       std::string(tiering::TierName(expected))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t MoveBytes(const WorkerRec& w, const tiering::Move& m) {
+  switch (m.to) {
+    case Tier::kT0:
+      return w.geometry.PageBytes(m.group);
+    case Tier::kT1:
+      return w.page_bytes[0];
+    case Tier::kT2:
+      return w.page_bytes[1];
+    case Tier::kT3:
+      return 0;
+  }
+  return 0;
+}
+
+const char* ReasonText(Metrics::DegradeReason r) {
+  switch (r) {
+    case Metrics::DegradeReason::kDdrFull:
+      return "DDR pool full";
+    case Metrics::DegradeReason::kCompressedFull:
+      return "compressed pool full";
+    default:
+      return "worker quota reached";
+  }
+}
+
+}  // namespace
+
+void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages) {
+  s.length = length;
+  if (num_pages == s.placement.num_pages) return;
+  const uint32_t groups = s.placement.num_groups, old = s.placement.num_pages;
+  Placement grown{groups, num_pages, std::vector<Tier>(size_t{groups} * num_pages, Tier::kT0)};
+  std::vector<Slot> slots(size_t{groups} * num_pages);
+  for (uint32_t g = 0; g < groups; ++g) {
+    for (uint32_t p = 0; p < old; ++p) {
+      grown.at(g, p) = s.placement.at(g, p);
+      slots[size_t{g} * num_pages + p] = std::move(s.slots[size_t{g} * old + p]);
+    }
+  }
+  s.placement = std::move(grown);
+  s.slots = std::move(slots);
+}
+
+absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
+    const v1::SubmitSnapshotRequest& request) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::TierPlan> plan = SnapshotLocked(request);
+  if (plan.ok() && metrics_ != nullptr) {
+    metrics_->CountSnapshot(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return Count(Metrics::Rpc::kSubmitSnapshot, std::move(plan));
+}
+
+absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnapshotRequest& r) {
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
+  ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
+  RETURN_IF_ERROR(ValidateSnapshot(*s, w->geometry, r));
+  GrowLocked(*s, r.length(), r.num_pages());
+  SetFiguresLocked(*s, ComputeFigures(w->geometry, s->placement, s->prompt_tokens, s->length));
+
+  const Placement& current = s->placement;
+  absl::Span<const float> scores(r.page_scores().data(), r.page_scores_size());
+  ASSIGN_OR_RETURN(Decision decision,
+                   DecidePlacement(s->policy, s->prompt_tokens, s->length, current, scores));
+  Placement& target = decision.target;
+
+  // Destination slots for pages entering a pool; lowest scores first, so that when a pool is
+  // short the best pages are the ones that stay in T0.
+  std::vector<uint32_t> need;
+  for (uint32_t i = 0; i < target.tiers.size(); ++i) {
+    if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
+  }
+  std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
+    return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
+  });
+  std::vector<Slot> dst(target.tiers.size());
+  std::array<uint64_t, 3> short_pages{};  // by DegradeReason
+  uint64_t compressed_instead = 0;
+  for (uint32_t i : need) {
+    const Tier from = current.tiers[i];
+    Tier want = target.tiers[i];
+    Metrics::DegradeReason why{};
+    std::optional<Slot> slot = GrantLocked(*w, want, &why);
+    if (!slot.has_value()) {
+      ++short_pages[static_cast<int>(why)];
+      // Fallbacks never evict: T1 short -> compress if the policy may; T2 short -> T1.
+      Tier alt = Tier::kT0;
+      if (want == Tier::kT1 && from == Tier::kT0 && AllowsCompression(s->policy)) alt = Tier::kT2;
+      if (want == Tier::kT2 && from == Tier::kT0) alt = Tier::kT1;
+      Metrics::DegradeReason why2{};
+      if (alt != Tier::kT0) slot = GrantLocked(*w, alt, &why2);
+      if (slot.has_value()) {
+        want = alt;
+        if (alt == Tier::kT2) ++compressed_instead;
+      } else {
+        want = from;  // stays where it is (T0, or its current pool)
+      }
+      target.tiers[i] = want;
+    }
+    if (slot.has_value()) dst[i] = std::move(*slot);
+  }
+
+  v1::TierPlan plan;
+  plan.set_sequence_id(s->id);
+  const uint64_t version = s->next_version;
+  plan.set_plan_version(version);
+  plan.mutable_target_tiers()->resize(target.tiers.size());
+  for (size_t i = 0; i < target.tiers.size(); ++i) {
+    (*plan.mutable_target_tiers())[i] = static_cast<char>(target.tiers[i]);
+  }
+  absl::StatusOr<std::vector<tiering::Move>> ordered = OrderedMoves(current, target);
+  if (!ordered.ok()) {
+    for (Slot& slot : dst) ReleaseLocked(*w, slot);
+    return ordered.status();
+  }
+  const std::vector<tiering::Move>& moves = *ordered;
+  PendingPlan pending;
+  pending.version = version;
+  pending.moves.reserve(moves.size());
+  std::string* from_bytes = plan.mutable_move_from();
+  std::string* to_bytes = plan.mutable_move_to();
+  for (const tiering::Move& m : moves) {
+    const size_t i = size_t{m.group} * current.num_pages + m.page;
+    plan.add_move_group(m.group);
+    plan.add_move_page(m.page);
+    from_bytes->push_back(static_cast<char>(m.from));
+    to_bytes->push_back(static_cast<char>(m.to));
+    plan.add_move_dst_slot(dst[i].valid() ? dst[i].offset() : 0);
+    plan.add_move_src_slot(s->slots[i].valid() ? s->slots[i].offset() : 0);
+    if (metrics_ != nullptr) metrics_->CountMove(tiering::KindOf(m.from, m.to), MoveBytes(*w, m));
+    pending.moves.push_back({m, std::move(dst[i])});
+  }
+  uint64_t short_total = short_pages[0] + short_pages[1] + short_pages[2];
+  if (short_total > 0) {
+    plan.set_degraded(true);
+    std::string reason;
+    for (int k = 0; k < 3; ++k) {
+      if (short_pages[k] == 0) continue;
+      if (metrics_ != nullptr) metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
+      absl::StrAppend(&reason, reason.empty() ? "" : "; ",
+                      ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", short_pages[k],
+                      " pages");
+    }
+    absl::StrAppend(&reason, "; ", compressed_instead, " compressed instead, ",
+                    short_total - compressed_instead, " kept in their tier (no extra eviction)");
+    plan.set_degraded_reason(reason);
+  }
+  plan.set_protected_overflow(decision.protected_overflow);
+  if (decision.protected_overflow && metrics_ != nullptr) metrics_->CountProtectedOverflow();
+  pending.figures = ComputeFigures(w->geometry, target, s->prompt_tokens, s->length);
+  pending.figures.ToProto(plan.mutable_report());
+  s->pending = std::move(pending);
+  ++s->next_version;
+  UpdateGaugesLocked();
+  return plan;
+}
+
+absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckPlan(const v1::AckPlanRequest& request) {
+  absl::MutexLock lock(&mu_);
+  return Count(Metrics::Rpc::kAckPlan, AckLocked(request));
+}
+
+absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckLocked(const v1::AckPlanRequest& r) {
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
+  ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
+  if (!s->pending.has_value() || s->pending->version != r.plan_version()) {
+    return Precondition(absl::StrCat(
+        "plan_version ", r.plan_version(), " is not the plan in flight for sequence_id ", s->id,
+        s->pending.has_value() ? absl::StrCat(" (", s->pending->version, ")") : " (none)"));
+  }
+  if (r.applied()) {
+    CommitLocked(*w, *s);
+  } else {
+    for (PendingMove& m : s->pending->moves) ReleaseLocked(*w, m.dst);
+  }
+  s->last_acked = r.plan_version();
+  if (r.applied()) s->last_applied = r.plan_version();
+  s->pending.reset();
+  if (metrics_ != nullptr) metrics_->CountAck(r.applied());
+  UpdateGaugesLocked();
+  return v1::AckPlanResponse();
+}
+
+void DaemonCoreImpl::CommitLocked(WorkerRec& w, SequenceRec& s) {
+  uint64_t newly_evicted = 0;
+  for (PendingMove& m : s.pending->moves) {
+    const size_t i = size_t{m.move.group} * s.placement.num_pages + m.move.page;
+    ReleaseLocked(w, s.slots[i]);  // the source copy is no longer needed
+    s.slots[i] = std::move(m.dst);
+    s.placement.tiers[i] = m.move.to;
+  }
+  newly_evicted =
+      s.pending->figures.tokens[3] - std::min(s.pending->figures.tokens[3], s.figures.tokens[3]);
+  if (metrics_ != nullptr && newly_evicted > 0) metrics_->CountEvictedTokens(newly_evicted);
+  SetFiguresLocked(s, s.pending->figures);
+}
+
+}  // namespace kvtier::daemon::internal
+
+namespace kvtier::daemon::internal {
+
+absl::Status DaemonCoreImpl::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& pool : pools_) RETURN_IF_ERROR(pool->slots.CheckInvariants());
+  std::array<uint64_t, 2> pool_bytes{};
+  std::array<uint64_t, tiering::kNumTiers> tokens{};
+  uint64_t full = 0, t0 = 0;
+  for (const auto& [wid, w] : workers_) {
+    std::array<uint64_t, 2> held{};
+    for (uint64_t sid : w.sequences) {
+      auto it = sequences_.find(sid);
+      if (it == sequences_.end() || it->second.worker_id != wid) {
+        return absl::InternalError(absl::StrCat("worker ", wid, " lists sequence ", sid));
+      }
+      const SequenceRec& s = it->second;
+      if (s.slots.size() != s.placement.tiers.size()) return absl::InternalError("slots shape");
+      for (size_t i = 0; i < s.slots.size(); ++i) {
+        const bool pooled = InPool(s.placement.tiers[i]);
+        if (pooled != s.slots[i].valid()) {
+          return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " slot/tier"));
+        }
+        if (pooled) {
+          if (PoolOf(s.slots[i]) != PoolIndex(s.placement.tiers[i])) {
+            return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " wrong pool"));
+          }
+          held[PoolOf(s.slots[i])] += s.slots[i].bytes();
+        }
+      }
+      if (s.pending.has_value()) {
+        for (const PendingMove& m : s.pending->moves) {
+          if (InPool(m.move.to) != m.dst.valid()) return absl::InternalError("pending dst");
+          if (m.dst.valid()) held[PoolOf(m.dst)] += m.dst.bytes();
+        }
+      }
+      for (int t = 0; t < tiering::kNumTiers; ++t) tokens[t] += s.figures.tokens[t];
+      full += s.figures.full_bytes;
+      t0 += s.figures.t0_bytes;
+    }
+    if (held != w.pool_bytes) {
+      return absl::InternalError(absl::StrCat("worker ", wid, " accounting: holds ", held[0], "/",
+                                              held[1], ", recorded ", w.pool_bytes[0], "/",
+                                              w.pool_bytes[1]));
+    }
+    pool_bytes[0] += held[0];
+    pool_bytes[1] += held[1];
+  }
+  size_t listed = 0;
+  for (const auto& [wid, w] : workers_) listed += w.sequences.size();
+  if (listed != sequences_.size()) return absl::InternalError("orphan sequences");
+  for (int i = 0; i < 2; ++i) {
+    if (pool_bytes[i] != pools_[i]->slots.used_bytes()) {
+      return absl::InternalError(absl::StrCat("pool ", i, " used ", pools_[i]->slots.used_bytes(),
+                                              " but workers hold ", pool_bytes[i]));
+    }
+  }
+  if (tokens != total_tokens_ || full != total_full_bytes_ || t0 != total_t0_bytes_) {
+    return absl::InternalError("figure totals drifted");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::daemon::internal

@@ -1,0 +1,211 @@
+#include "daemon/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using tiering::MoveKind;
+using tiering::Tier;
+
+constexpr int kNumMoveKinds = 5;
+constexpr std::array<absl::string_view, kNumMoveKinds> kMoveKindNames = {
+    "offload", "compress", "promote", "decompress", "evict"};
+constexpr std::array<absl::string_view, 3> kDegradeNames = {"ddr_full", "compressed_full", "quota"};
+constexpr std::array<absl::string_view, 2> kAllocFailureNames = {"pool_full", "quota"};
+// Canonical codes 0..16.
+constexpr int kNumCodes = 17;
+
+std::string S(absl::string_view v) { return std::string(v); }
+std::string S(std::string_view v) { return std::string(v); }
+
+int PoolIndex(Tier t) { return t == Tier::kT2 ? 1 : 0; }
+
+}  // namespace
+
+absl::string_view RpcName(Metrics::Rpc rpc) {
+  static constexpr std::array<absl::string_view, 7> kNames = {
+      "RegisterWorker", "Heartbeat",     "OpenSequence", "SubmitSnapshot",
+      "AckPlan",        "CloseSequence", "GetStatus"};
+  int i = static_cast<int>(rpc);
+  return i >= 0 && i < 7 ? kNames[i] : "unknown";
+}
+
+struct Metrics::Families {
+  static constexpr int kRpcs = static_cast<int>(Rpc::kCount);
+  std::array<prometheus::Gauge*, 2> pool_capacity{}, pool_used{}, pool_reserved{}, pool_slots{};
+  std::array<std::array<prometheus::Counter*, 2>, 2> alloc_failures{};  // [pool][reason]
+  std::array<prometheus::Gauge*, tiering::kNumTiers> placement_tokens{};
+  prometheus::Gauge* hbm_saved = nullptr;
+  prometheus::Gauge* workers = nullptr;
+  prometheus::Gauge* sequences = nullptr;
+  prometheus::Counter* lease_expirations = nullptr;
+  std::array<prometheus::Counter*, kRpcs> requests{};
+  prometheus::Family<prometheus::Counter>* errors_family = nullptr;
+  prometheus::Counter* snapshots = nullptr;
+  prometheus::Histogram* plan_latency = nullptr;
+  std::array<prometheus::Counter*, kNumMoveKinds> moves{}, moved_bytes{};
+  prometheus::Counter* evicted_tokens = nullptr;
+  std::array<prometheus::Counter*, 3> degraded{};
+  prometheus::Counter* protected_overflow = nullptr;
+  std::array<prometheus::Counter*, 2> acks{};  // [refused, applied]
+};
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()), f_(std::make_unique<Families>()) {}
+Metrics::~Metrics() = default;
+
+std::unique_ptr<Metrics> Metrics::Create() {
+  std::unique_ptr<Metrics> m(new Metrics());
+  prometheus::Registry& r = *m->registry_;
+  Families& f = *m->f_;
+  auto gauge = [&r](const char* name, const char* help) -> prometheus::Family<prometheus::Gauge>& {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+  };
+  auto counter = [&r](const char* name,
+                      const char* help) -> prometheus::Family<prometheus::Counter>& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+  };
+  auto& cap = gauge("kvtier_pool_capacity_bytes", "Bytes of slot space in the pool.");
+  auto& used = gauge("kvtier_pool_used_bytes", "Bytes of granted slots in the pool.");
+  auto& reserved = gauge("kvtier_pool_reserved_bytes",
+                         "Bytes held by slot extents (used plus slack inside extents).");
+  auto& slots = gauge("kvtier_pool_used_slots", "Granted slots in the pool.");
+  auto& failures = counter("kvtier_pool_allocation_failures_total",
+                           "Slot requests refused because the pool or the worker quota was short.");
+  for (Tier t : {Tier::kT1, Tier::kT2}) {
+    prometheus::Labels l{{"tier", S(tiering::TierName(t))}};
+    int i = PoolIndex(t);
+    f.pool_capacity[i] = &cap.Add(l);
+    f.pool_used[i] = &used.Add(l);
+    f.pool_reserved[i] = &reserved.Add(l);
+    f.pool_slots[i] = &slots.Add(l);
+    for (int reason = 0; reason < 2; ++reason) {
+      f.alloc_failures[i][reason] = &failures.Add(
+          {{"tier", S(tiering::TierName(t))}, {"reason", S(kAllocFailureNames[reason])}});
+    }
+  }
+  auto& tokens = gauge("kvtier_placement_tokens",
+                       "Token positions per tier over open sequences' committed placements.");
+  for (int t = 0; t < tiering::kNumTiers; ++t) {
+    f.placement_tokens[t] = &tokens.Add({{"tier", S(tiering::TierName(static_cast<Tier>(t)))}});
+  }
+  f.hbm_saved = &gauge("kvtier_hbm_saved_bytes",
+                       "Sum over open sequences of full_bytes - t0_bytes (HBM not needed).")
+                     .Add({});
+  f.workers = &gauge("kvtier_registry_workers", "Registered workers with a live lease.").Add({});
+  f.sequences = &gauge("kvtier_registry_sequences", "Open sequences.").Add({});
+  f.lease_expirations =
+      &counter("kvtier_lease_expirations_total", "Workers reaped after their lease expired.")
+           .Add({});
+  auto& requests = counter("kvtier_rpc_requests_total", "Requests handled by the daemon core.");
+  for (int i = 0; i < Families::kRpcs; ++i) {
+    f.requests[i] = &requests.Add({{"rpc", S(RpcName(static_cast<Rpc>(i)))}});
+  }
+  f.errors_family = &counter("kvtier_rpc_errors_total",
+                             "Requests answered with an error, by canonical status code.");
+  f.snapshots =
+      &counter("kvtier_snapshots_total", "Snapshots accepted (a plan was produced).").Add({});
+  f.plan_latency = &prometheus::BuildHistogram()
+                        .Name("kvtier_plan_latency_seconds")
+                        .Help("SubmitSnapshot handling time: validation, policy, plan, slots.")
+                        .Register(r)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                                     1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0});
+  auto& moves = counter("kvtier_plan_moves_total", "Planned page moves by kind.");
+  auto& bytes = counter("kvtier_plan_moved_bytes_total",
+                        "Bytes planned per direction (destination copy size).");
+  for (int k = 0; k < kNumMoveKinds; ++k) {
+    f.moves[k] = &moves.Add({{"kind", S(kMoveKindNames[k])}});
+    f.moved_bytes[k] = &bytes.Add({{"kind", S(kMoveKindNames[k])}});
+  }
+  f.evicted_tokens =
+      &counter("kvtier_plan_evicted_tokens_total", "Tokens newly evicted by committed plans.")
+           .Add({});
+  auto& degraded =
+      counter("kvtier_plan_degraded_total", "Plans degraded because a pool or quota was short.");
+  for (int i = 0; i < 3; ++i) f.degraded[i] = &degraded.Add({{"reason", S(kDegradeNames[i])}});
+  f.protected_overflow = &counter("kvtier_plan_protected_overflow_total",
+                                  "Plans whose protected pages alone exceed the T0 budget.")
+                              .Add({});
+  auto& acks = counter("kvtier_plan_acks_total", "Plan acknowledgements by result.");
+  f.acks[0] = &acks.Add({{"result", "refused"}});
+  f.acks[1] = &acks.Add({{"result", "applied"}});
+  return m;
+}
+
+void Metrics::SetPool(Tier tier, uint64_t capacity, uint64_t used, uint64_t reserved,
+                      uint64_t slots) {
+  int i = PoolIndex(tier);
+  f_->pool_capacity[i]->Set(static_cast<double>(capacity));
+  f_->pool_used[i]->Set(static_cast<double>(used));
+  f_->pool_reserved[i]->Set(static_cast<double>(reserved));
+  f_->pool_slots[i]->Set(static_cast<double>(slots));
+}
+
+void Metrics::CountAllocationFailure(Tier tier, AllocFailure reason) {
+  f_->alloc_failures[PoolIndex(tier)][static_cast<int>(reason)]->Increment();
+}
+
+void Metrics::SetPlacementTokens(const std::array<uint64_t, tiering::kNumTiers>& tokens) {
+  for (int t = 0; t < tiering::kNumTiers; ++t) {
+    f_->placement_tokens[t]->Set(static_cast<double>(tokens[t]));
+  }
+}
+
+void Metrics::SetHbmSavedBytes(uint64_t bytes) { f_->hbm_saved->Set(static_cast<double>(bytes)); }
+
+void Metrics::SetRegistry(uint64_t workers, uint64_t sequences) {
+  f_->workers->Set(static_cast<double>(workers));
+  f_->sequences->Set(static_cast<double>(sequences));
+}
+
+void Metrics::CountLeaseExpirations(uint64_t n) {
+  f_->lease_expirations->Increment(static_cast<double>(n));
+}
+
+void Metrics::CountRequest(Rpc rpc) { f_->requests[static_cast<int>(rpc)]->Increment(); }
+
+void Metrics::CountError(Rpc rpc, absl::StatusCode code) {
+  int c = static_cast<int>(code);
+  if (c <= 0 || c >= kNumCodes) c = static_cast<int>(absl::StatusCode::kUnknown);
+  // Series appear on first use; Family::Add is thread-safe and returns the existing series.
+  std::string name =
+      absl::AsciiStrToLower(absl::StatusCodeToString(static_cast<absl::StatusCode>(c)));
+  f_->errors_family->Add({{"rpc", S(RpcName(rpc))}, {"code", name}}).Increment();
+}
+
+void Metrics::CountSnapshot(double latency_seconds) {
+  f_->snapshots->Increment();
+  f_->plan_latency->Observe(latency_seconds);
+}
+
+void Metrics::CountMove(MoveKind kind, uint64_t bytes) {
+  int k = static_cast<int>(kind);
+  f_->moves[k]->Increment();
+  f_->moved_bytes[k]->Increment(static_cast<double>(bytes));
+}
+
+void Metrics::CountEvictedTokens(uint64_t tokens) {
+  f_->evicted_tokens->Increment(static_cast<double>(tokens));
+}
+
+void Metrics::CountDegraded(DegradeReason reason) {
+  f_->degraded[static_cast<int>(reason)]->Increment();
+}
+
+void Metrics::CountProtectedOverflow() { f_->protected_overflow->Increment(); }
+
+void Metrics::CountAck(bool applied) { f_->acks[applied ? 1 : 0]->Increment(); }
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,109 @@
+#ifndef KVTIER_DAEMON_METRICS_H_
+#define KVTIER_DAEMON_METRICS_H_
+
+// The daemon's Prometheus metrics, defined once here (no singletons: kvtierd creates one
+// Metrics, registers registry() with its prometheus::Exposer and hands the pointer to the core).
+// Names follow kvtier_<subsystem>_<what>_<unit>; counters end in _total; every label has a small
+// fixed set of values.
+//
+// Pools (tier = "T1" | "T2"):
+//   kvtier_pool_capacity_bytes{tier}        gauge   bytes of slot space in the pool
+//   kvtier_pool_used_bytes{tier}            gauge   bytes of granted slots
+//   kvtier_pool_reserved_bytes{tier}        gauge   bytes held by slot extents (used + slack);
+//                                                   reserved - used is the fragmentation
+//   kvtier_pool_used_slots{tier}            gauge   granted slots
+//   kvtier_pool_allocation_failures_total{tier,reason}
+//                                           counter slot requests refused; reason = "pool_full" |
+//                                                   "quota"
+// Placement (tier = "T0" | "T1" | "T2" | "T3"), committed placements of open sequences:
+//   kvtier_placement_tokens{tier}           gauge   token positions per tier (layer-weighted)
+//   kvtier_hbm_saved_bytes                  gauge   sum over sequences of full_bytes - t0_bytes
+// Registry:
+//   kvtier_registry_workers                 gauge   registered workers with a live lease
+//   kvtier_registry_sequences               gauge   open sequences
+//   kvtier_lease_expirations_total          counter workers reaped because their lease expired
+// Requests (rpc = "RegisterWorker" | "Heartbeat" | "OpenSequence" | "SubmitSnapshot" |
+//           "AckPlan" | "CloseSequence" | "GetStatus"; code = canonical code name, snake_case):
+//   kvtier_rpc_requests_total{rpc}          counter requests handled by the core
+//   kvtier_rpc_errors_total{rpc,code}       counter requests answered with an error
+// Plans:
+//   kvtier_snapshots_total                  counter snapshots accepted (a plan was produced)
+//   kvtier_plan_latency_seconds             histogram SubmitSnapshot handling time (validation,
+//                                                   policy, plan, slot allocation)
+//   kvtier_plan_moves_total{kind}           counter planned moves; kind = "offload" | "compress" |
+//                                                   "promote" | "decompress" | "evict"
+//   kvtier_plan_moved_bytes_total{kind}     counter bytes planned per direction (same kinds; bytes
+//                                                   of the destination copy, evict counts 0)
+//   kvtier_plan_evicted_tokens_total        counter tokens newly evicted by committed plans
+//   kvtier_plan_degraded_total{reason}      counter plans degraded; reason = "ddr_full" |
+//                                                   "compressed_full" | "quota"
+//   kvtier_plan_protected_overflow_total    counter plans whose protected pages exceed T0 budget
+//   kvtier_plan_acks_total{result}          counter acknowledgements; result = "applied" |
+//                                                   "refused"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "core/tiering/types.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+}  // namespace prometheus
+
+namespace kvtier::daemon {
+
+// Thread-safe: prometheus metric objects are atomic.
+class Metrics {
+ public:
+  enum class Rpc : int {
+    kRegisterWorker,
+    kHeartbeat,
+    kOpenSequence,
+    kSubmitSnapshot,
+    kAckPlan,
+    kCloseSequence,
+    kGetStatus,
+    kCount
+  };
+  enum class DegradeReason : int { kDdrFull, kCompressedFull, kQuota, kCount };
+  enum class AllocFailure : int { kPoolFull, kQuota, kCount };
+
+  static std::unique_ptr<Metrics> Create();
+  ~Metrics();
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // `tier` must be T1 or T2.
+  void SetPool(tiering::Tier tier, uint64_t capacity, uint64_t used, uint64_t reserved,
+               uint64_t slots);
+  void CountAllocationFailure(tiering::Tier tier, AllocFailure reason);
+  void SetPlacementTokens(const std::array<uint64_t, tiering::kNumTiers>& tokens);
+  void SetHbmSavedBytes(uint64_t bytes);
+  void SetRegistry(uint64_t workers, uint64_t sequences);
+  void CountLeaseExpirations(uint64_t n);
+  void CountRequest(Rpc rpc);
+  void CountError(Rpc rpc, absl::StatusCode code);
+  void CountSnapshot(double latency_seconds);
+  void CountMove(tiering::MoveKind kind, uint64_t bytes);
+  void CountEvictedTokens(uint64_t tokens);
+  void CountDegraded(DegradeReason reason);
+  void CountProtectedOverflow();
+  void CountAck(bool applied);
+
+ private:
+  Metrics();
+  struct Families;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Families> f_;
+};
+
+absl::string_view RpcName(Metrics::Rpc rpc);
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_METRICS_H_

@@ -1,0 +1,36 @@
+#ifndef KVTIER_WORKER_ENGINE_MATMUL_H_
+#define KVTIER_WORKER_ENGINE_MATMUL_H_
+
+// Quantized weight matrix times f32 activations, rows split across a ThreadPool. Weights are
+// read in place (from the GGUF mapping): nothing is dequantized to memory.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "worker/engine/gguf.h"
+#include "worker/engine/quant.h"
+#include "worker/engine/thread_pool.h"
+
+namespace kvtier::engine {
+
+// A row-major matrix of `rows` rows of `cols` elements, each row `row_bytes` bytes of `type`
+// (a GGUF tensor [ne0 = cols, ne1 = rows]).
+struct WeightMatrix {
+  GgmlType type = GgmlType::kF32;
+  const uint8_t* data = nullptr;
+  size_t rows = 0;
+  size_t cols = 0;
+  size_t row_bytes = 0;
+
+  const uint8_t* Row(size_t r) const { return data + r * row_bytes; }
+};
+
+// y[t][r] = Σ_c W[r][c] · x[t][c] for t < n_tokens.  x: [n_tokens][cols], y: [n_tokens][rows].
+// Each output is one fused dot product, so a token's result does not depend on n_tokens or on
+// the thread count (prefill and decode agree bit for bit).
+void MatMul(const WeightMatrix& w, const float* x, size_t n_tokens, float* y, ThreadPool& pool,
+            KernelIsa isa);
+
+}  // namespace kvtier::engine
+
+#endif  // KVTIER_WORKER_ENGINE_MATMUL_H_
