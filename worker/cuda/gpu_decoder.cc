@@ -137,6 +137,8 @@ absl::Status GpuDecoder::Init() {
   if (s.ok()) s = PlaceAndFillCache();
   if (s.ok()) s = BuildStageRequests();
   if (s.ok()) s = UploadTables();
+  // Set-up work ran on several streams (the legacy one included): settle it before Step().
+  if (s.ok()) s = CudaStatus(cudaDeviceSynchronize(), "decoder set-up");
   return s;
 }
 
