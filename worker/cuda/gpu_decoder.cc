@@ -374,13 +374,19 @@ absl::Status GpuDecoder::Step() {
   const SyntheticModelConfig& m = model_.config();
   const uint32_t b = options_.batch;
   step_h2d_ = 0;
-  if (stager_ != nullptr && !prefetched_[0]) KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(0));
   KVTIER_CUDA_RETURN_IF_ERROR(
       kc::EmbedTokens(model_.embedding(), tokens_dev_, b, m.hidden, x_, stream_));
   for (uint32_t l = 0; l < m.num_layers; ++l) {
-    // One layer ahead; after the last layer, layer 0 of the next step.
-    const uint32_t next = (l + 1) % m.num_layers;
-    if (stager_ != nullptr && !prefetched_[next]) KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(next));
+    if (stager_ != nullptr) {
+      // Stage layer l if it could not be staged ahead; then stage the next one (after the last
+      // layer: layer 0 of the next step) while this one computes, unless it shares this layer's
+      // slot (one slot, or an odd wrap-around): that copy waits until this layer is released.
+      if (!prefetched_[l]) KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(l));
+      const uint32_t next = (l + 1) % m.num_layers;
+      if (!prefetched_[next] && stager_->CanPrefetch(next)) {
+        KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(next));
+      }
+    }
     KVTIER_RETURN_IF_NOT_OK(Layer(l));
   }
   KVTIER_CUDA_RETURN_IF_ERROR(

@@ -120,8 +120,19 @@ absl::Status LayerStager::EnsureSourcesPinned(absl::Span<const StageRequest> req
   return absl::OkStatus();
 }
 
+bool LayerStager::CanPrefetch(uint32_t layer) const {
+  const int64_t held = slots_[planner_.SlotOfLayer(layer)].unreleased_layer;
+  return held < 0 || held == static_cast<int64_t>(layer);
+}
+
 absl::StatusOr<StagedLayer> LayerStager::Prefetch(uint32_t layer,
                                                   absl::Span<const StageRequest> requests) {
+  if (!CanPrefetch(layer)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("staging slot ", planner_.SlotOfLayer(layer), " still holds layer ",
+                     slots_[planner_.SlotOfLayer(layer)].unreleased_layer,
+                     ", not released; cannot stage layer ", layer));
+  }
   absl::Status pinned = EnsureSourcesPinned(requests);
   if (!pinned.ok()) return pinned;
   absl::StatusOr<LayerStagePlan> plan = planner_.Plan(layer, requests);
@@ -146,6 +157,7 @@ absl::StatusOr<StagedLayer> LayerStager::Prefetch(uint32_t layer,
   }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, h2d_));
   slot.copy_pending = true;
+  slot.unreleased_layer = layer;
   h2d_bytes_ += staged.copied_bytes;
   return staged;
 }
@@ -198,8 +210,9 @@ absl::Status LayerStager::Acquire(uint32_t layer, cudaStream_t compute) {
 }
 
 absl::Status LayerStager::Release(uint32_t layer, cudaStream_t compute) {
-  KVTIER_CUDA_RETURN_IF_ERROR(
-      cudaEventRecord(slots_[planner_.SlotOfLayer(layer)].consumed, compute));
+  Slot& slot = slots_[planner_.SlotOfLayer(layer)];
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, compute));
+  if (slot.unreleased_layer == static_cast<int64_t>(layer)) slot.unreleased_layer = -1;
   return absl::OkStatus();
 }
 
