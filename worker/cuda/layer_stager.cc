@@ -173,17 +173,21 @@ absl::Status LayerStager::DequantizeInto(Slot& slot, const LayerStagePlan& plan)
   const uint32_t n = static_cast<uint32_t>(compressed.size());
   // The pinned pointer mirror is rewritten only after its previous upload has run.
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.copied));
+  std::vector<CopyRun> runs;
   for (uint32_t i = 0; i < n; ++i) {
     const StageCopy& c = *compressed[i];
     uint8_t* codes = slot.compressed + c.entry * cbb;
-    KVTIER_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(codes, t2_->base() + c.src_offset, c.bytes, cudaMemcpyHostToDevice, h2d_));
+    runs.push_back({c.src_offset, c.entry * cbb, c.bytes});
     uint8_t* out = slot.blocks + c.entry * block;
     slot.ptrs_host[i] = codes;
     slot.ptrs_host[n + i] = codes + ckb;
     slot.ptrs_host[2 * n + i] = out;
     slot.ptrs_host[3 * n + i] = out + block / 2;
   }
+  // Codes: one batch of DMAs, cut where the pool's pinned chunks end.
+  absl::Status s =
+      h2d_issuer_.Issue(CoalesceRuns(runs, t2_->chunk_bytes()), t2_->base(), slot.compressed, h2d_);
+  if (!s.ok()) return s;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.ptrs_dev, slot.ptrs_host, 4 * n * sizeof(void*),
                                               cudaMemcpyHostToDevice, h2d_));
   kc::DequantizeParams p;
