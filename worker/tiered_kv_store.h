@@ -182,6 +182,9 @@ class TieredKvStore final : public AttentionCache {
   void DropStaged(uint32_t group, uint32_t page);
   absl::Status ValidatePlan(const std::vector<tiering::Move>& moves,
                             const std::vector<SlotAssignment>& slots) const;
+  // Source tier, destination tier and pool checks of moves[i].
+  absl::Status ValidateMoveTiers(const tiering::Move& m, size_t i, uint32_t pages,
+                                 bool partial_tail) const;
   absl::Status ValidateSlots(const std::vector<tiering::Move>& moves,
                              const std::vector<SlotAssignment>& slots) const;
   // Fails (changing nothing for this move) only when the arena refuses a promotion.

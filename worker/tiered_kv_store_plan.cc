@@ -30,6 +30,34 @@ uint32_t TieredKvStore::ValidRows(uint32_t group, uint32_t page) const {
   return static_cast<uint32_t>(std::min<uint64_t>(geometry_.page_tokens, length - begin));
 }
 
+absl::Status TieredKvStore::ValidateMoveTiers(const Move& m, size_t i, uint32_t pages,
+                                              bool partial_tail) const {
+  auto at = [i] { return absl::StrCat("moves[", i, "]"); };
+  const Tier current = pages_[m.group][m.page].tier;
+  if (m.from != current) {
+    return absl::InvalidArgumentError(absl::StrCat(at(), ".from (", TierStr(m.from), ") but ",
+                                                   PageName(m), " is in ", TierStr(current)));
+  }
+  if (m.from == Tier::kT3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".from: ", PageName(m), " is evicted (T3) and never comes back"));
+  }
+  if (m.to == m.from || static_cast<int>(m.to) >= tiering::kNumTiers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".to (", TierStr(m.to), ") must be another tier than from"));
+  }
+  if ((m.to == Tier::kT1 || m.to == Tier::kT2) && PoolOf(m.to) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".to (", TierStr(m.to), "): the store has no pool for that tier"));
+  }
+  if ((m.to == Tier::kT2 || m.to == Tier::kT3) && partial_tail && m.page + 1 == pages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".to (", TierStr(m.to), "): ", PageName(m),
+                     " is the partial page being written; it may only move between T0 and T1"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
                                          const std::vector<SlotAssignment>& slots) const {
   if (slots.size() != moves.size()) {
@@ -65,28 +93,7 @@ absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
       return absl::InvalidArgumentError(absl::StrCat(at(), ": duplicate ", PageName(m),
                                                      ", first moved by moves[", it->second, "]"));
     }
-    const Tier current = pages_[m.group][m.page].tier;
-    if (m.from != current) {
-      return absl::InvalidArgumentError(absl::StrCat(at(), ".from (", TierStr(m.from), ") but ",
-                                                     PageName(m), " is in ", TierStr(current)));
-    }
-    if (m.from == Tier::kT3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at(), ".from: ", PageName(m), " is evicted (T3) and never comes back"));
-    }
-    if (m.to == m.from || static_cast<int>(m.to) >= tiering::kNumTiers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at(), ".to (", TierStr(m.to), ") must be another tier than from"));
-    }
-    if ((m.to == Tier::kT1 || m.to == Tier::kT2) && PoolOf(m.to) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at(), ".to (", TierStr(m.to), "): the store has no pool for that tier"));
-    }
-    if ((m.to == Tier::kT2 || m.to == Tier::kT3) && partial_tail && m.page + 1 == pages) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at(), ".to (", TierStr(m.to), "): ", PageName(m),
-                       " is the partial page being written; it may only move between T0 and T1"));
-    }
+    RETURN_IF_ERROR(ValidateMoveTiers(m, i, pages, partial_tail));
     const int64_t bytes = static_cast<int64_t>(geometry_.PageBytes(m.group));
     if (m.from == Tier::kT0) arena_used -= bytes;
     if (m.to == Tier::kT0) {

@@ -119,7 +119,7 @@ int Main(int argc, char** argv) {
       mc.num_layers, mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.hidden, mc.ffn, mc.vocab,
       (*model)->weight_bytes() / 1e9, f.context, f.steps);
   md << "| batch | mode | step ms | tok/s | T0 pages/seq | T1 pages/seq | evicted/seq | T1 MB/step "
-        "|\n|---|---|---|---|---|---|---|---|\n";
+        "(H2D) | write-back MB (D2H, whole run) |\n|---|---|---|---|---|---|---|---|---|\n";
   DecodeResult results[2][2];
   const uint32_t batches[2] = {1, 8};
   for (int bi = 0; bi < 2; ++bi) {
@@ -135,10 +135,11 @@ int Main(int argc, char** argv) {
       absl::StatusOr<DecodeResult> r = RunDecode(**model, o, f.warmup, f.steps);
       if (!r.ok()) return Fail(r.status(), "decode");
       results[bi][static_cast<int>(mode)] = *r;
-      md << absl::StrFormat("| %u | %s | %.3f | %.1f | %u | %u | %u | %.1f |\n", o.batch,
+      md << absl::StrFormat("| %u | %s | %.3f | %.1f | %u | %u | %u | %.1f | %.1f |\n", o.batch,
                             mode == KvMode::kFull ? "full" : "hierarchy", r->step_ms,
                             r->tokens_per_s, r->stats.t0_pages_per_seq, r->stats.t1_pages_per_seq,
-                            r->stats.evicted_pages_per_seq, r->t1_bytes_per_step / 1e6);
+                            r->stats.evicted_pages_per_seq, r->t1_bytes_per_step / 1e6,
+                            r->stats.write_back_d2h_bytes / 1e6);
     }
   }
   // Step-time model: compute time is the full step (no copies); the copies hide under it while

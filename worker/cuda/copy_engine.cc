@@ -29,8 +29,15 @@ absl::Status CopyIssuer::Issue(absl::Span<const CopyRun> runs, const uint8_t* sr
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
     size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
     const cudaError_t e = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(),
                                                runs.size(), &attr, &attr_index, 1, stream);
+#else  // 12.8 and 12.9 report the failing index
+    size_t fail_index = 0;
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), runs.size(), &attr,
+                             &attr_index, 1, &fail_index, stream);
+#endif
     if (e == cudaSuccess) {
       ++batched_calls_;
       return absl::OkStatus();

@@ -72,8 +72,19 @@ absl::StatusOr<uint64_t> GpuDecoder::RequiredPoolBytes(const SyntheticModelConfi
   absl::StatusOr<std::vector<PageTier>> tiers = PlaceChain(options);
   if (!tiers.ok()) return tiers.status();
   const uint64_t t1 = std::count(tiers->begin(), tiers->end(), PageTier::kT1);
-  return uint64_t{model.num_layers} * options.batch * t1 *
+  if (t1 == 0) return 0;
+  const uint64_t write_back =
+      options.write_back ? tiers->size() - options.context_tokens / options.page_tokens : 0;
+  return uint64_t{model.num_layers} * options.batch * (t1 + write_back) *
          BlockBytesFor(model, options.page_tokens);
+}
+
+uint64_t GpuDecoder::WriteBackOffset(uint32_t layer, uint32_t b, uint32_t page) const {
+  const uint64_t first = options_.context_tokens / options_.page_tokens;
+  const uint64_t pages = pages_per_seq_ - first;
+  const uint64_t t1_area =
+      uint64_t{model_.config().num_layers} * options_.batch * max_t1_pages_ * BlockBytes();
+  return t1_area + ((uint64_t{layer} * options_.batch + b) * pages + (page - first)) * BlockBytes();
 }
 
 absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const SyntheticModel& model,
@@ -117,7 +128,9 @@ absl::Status GpuDecoder::Init() {
     stats_.evicted_pages_per_seq += tiers_[p] == PageTier::kEvicted;
   }
   if (max_t1_pages_ > 0) {
-    const uint64_t need = uint64_t{m.num_layers} * options_.batch * max_t1_pages_ * BlockBytes();
+    absl::StatusOr<uint64_t> need_or = RequiredPoolBytes(m, options_);
+    if (!need_or.ok()) return need_or.status();
+    const uint64_t need = *need_or;
     if (pool_ == nullptr || pool_->size() < need) {
       return absl::InvalidArgumentError(absl::StrCat("t1_pool must hold ", need, " bytes, has ",
                                                      pool_ == nullptr ? 0 : pool_->size()));
@@ -137,6 +150,8 @@ absl::Status GpuDecoder::Init() {
   if (s.ok()) s = PlaceAndFillCache();
   if (s.ok()) s = BuildStageRequests();
   if (s.ok()) s = UploadTables();
+  // Set-up work ran on several streams (the legacy one included): settle it before Step().
+  if (s.ok()) s = CudaStatus(cudaDeviceSynchronize(), "decoder set-up");
   return s;
 }
 
@@ -372,13 +387,19 @@ absl::Status GpuDecoder::Step() {
   const SyntheticModelConfig& m = model_.config();
   const uint32_t b = options_.batch;
   step_h2d_ = 0;
-  if (stager_ != nullptr && !prefetched_[0]) KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(0));
   KVTIER_CUDA_RETURN_IF_ERROR(
       kc::EmbedTokens(model_.embedding(), tokens_dev_, b, m.hidden, x_, stream_));
   for (uint32_t l = 0; l < m.num_layers; ++l) {
-    // One layer ahead; after the last layer, layer 0 of the next step.
-    const uint32_t next = (l + 1) % m.num_layers;
-    if (stager_ != nullptr && !prefetched_[next]) KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(next));
+    if (stager_ != nullptr) {
+      // Stage layer l if it could not be staged ahead; then stage the next one (after the last
+      // layer: layer 0 of the next step) while this one computes, unless it shares this layer's
+      // slot (one slot, or an odd wrap-around): that copy waits until this layer is released.
+      if (!prefetched_[l]) KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(l));
+      const uint32_t next = (l + 1) % m.num_layers;
+      if (!prefetched_[next] && stager_->CanPrefetch(next)) {
+        KVTIER_RETURN_IF_NOT_OK(PrefetchLayer(next));
+      }
+    }
     KVTIER_RETURN_IF_NOT_OK(Layer(l));
   }
   KVTIER_CUDA_RETURN_IF_ERROR(
@@ -386,8 +407,48 @@ absl::Status GpuDecoder::Step() {
   KVTIER_RETURN_IF_NOT_OK(Gemm(model_.lm_head(), m.vocab, m.hidden, xn_, logits_));
   KVTIER_CUDA_RETURN_IF_ERROR(kc::ArgmaxRows(logits_, b, m.vocab, tokens_dev_, stream_));
   KVTIER_CUDA_RETURN_IF_ERROR(kc::AdvancePositions(positions_dev_, lengths_dev_, b, stream_));
+  KVTIER_RETURN_IF_NOT_OK(WriteBackFilledPage());
   stats_.last_step_h2d_bytes = step_h2d_;
   ++steps_;
+  return absl::OkStatus();
+}
+
+// The token of this step sat at position context + steps_; when it completed its page, that
+// page's blocks go to the write-back area once this step's work is done, while the next computes.
+absl::Status GpuDecoder::WriteBackFilledPage() {
+  const uint32_t pos = options_.context_tokens + steps_, pt = options_.page_tokens;
+  if (stager_ == nullptr || !options_.write_back || (pos + 1) % pt != 0) return absl::OkStatus();
+  const uint32_t page = pos / pt, layers = model_.config().num_layers;
+  std::vector<OffloadOp> ops;
+  for (uint32_t b = 0; b < options_.batch; ++b) {
+    const uint8_t* src = t0_pages_[uint64_t{b} * pages_per_seq_ + page];
+    for (uint32_t l = 0; l < layers; ++l) {
+      ops.push_back({src + uint64_t{l} * BlockBytes(), WriteBackOffset(l, b, page)});
+    }
+  }
+  KVTIER_RETURN_IF_NOT_OK(stager_->Offload(ops, stream_));
+  stats_.write_back_d2h_bytes += ops.size() * BlockBytes();
+  return absl::OkStatus();
+}
+
+absl::Status GpuDecoder::Sync() {
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (stager_ != nullptr) KVTIER_RETURN_IF_NOT_OK(stager_->WaitOffloads());
+  return absl::OkStatus();
+}
+
+absl::Status GpuDecoder::ReadT0Block(uint32_t b, uint32_t page, uint32_t layer,
+                                     std::vector<uint8_t>* out) {
+  if (b >= options_.batch || page >= pages_per_seq_ || layer >= model_.config().num_layers ||
+      t0_pages_[uint64_t{b} * pages_per_seq_ + page] == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no T0 block for sequence ", b, " page ", page, " layer ", layer));
+  }
+  out->resize(BlockBytes());
+  KVTIER_RETURN_IF_NOT_OK(Sync());
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(out->data(), t0_pages_[uint64_t{b} * pages_per_seq_ + page] + layer * BlockBytes(),
+                 BlockBytes(), cudaMemcpyDeviceToHost));
   return absl::OkStatus();
 }
 

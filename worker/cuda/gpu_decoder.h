@@ -15,7 +15,9 @@
 //
 // Host pool layout (one layer's block per slot, per-layer placement groups with the same
 // decision in every layer): slot(l, b, k) = ((l * batch + b) * max_t1_pages + k) * block_bytes,
-// so one layer's T1 blocks are contiguous and a layer's prefetch is a few large DMAs.
+// so one layer's T1 blocks are contiguous and a layer's prefetch is a few large DMAs. The
+// write-back area follows: ((l * batch + b) * write_back_pages + j) * block_bytes past the T1
+// area, j = page - context_tokens / page_tokens.
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -44,6 +46,10 @@ struct DecoderOptions {
   SplitKnobs split;  // hierarchy placement (beta, r, protected spans)
   uint32_t staging_slots = 2;
   bool emit_mass = true;  // accumulate per-position attention mass over layers (scoring input)
+  // Hierarchy: when a page fills during decoding, copy its blocks to the T1 pool's write-back
+  // area on the device-to-host stream, overlapping the next step (a page leaving the window is
+  // then already in host memory when a plan demotes it).
+  bool write_back = true;
   uint64_t kv_seed = 7;
 };
 
@@ -51,10 +57,11 @@ struct DecoderStats {
   uint32_t t0_pages_per_seq = 0;  // of the context
   uint32_t t1_pages_per_seq = 0;
   uint32_t evicted_pages_per_seq = 0;
-  uint64_t arena_bytes = 0;          // T0 bytes in use
-  uint64_t t1_pool_bytes = 0;        // host bytes holding T1
-  uint64_t last_step_h2d_bytes = 0;  // prefetch bytes issued by the last Step()
-  uint64_t offload_d2h_bytes = 0;    // bytes offloaded at setup
+  uint64_t arena_bytes = 0;           // T0 bytes in use
+  uint64_t t1_pool_bytes = 0;         // host bytes holding T1
+  uint64_t last_step_h2d_bytes = 0;   // prefetch bytes issued by the last Step()
+  uint64_t offload_d2h_bytes = 0;     // bytes offloaded at setup
+  uint64_t write_back_d2h_bytes = 0;  // bytes written back during decoding
 };
 
 // Not thread-safe: one host thread drives it. The model and the pool mapping outlive it.
@@ -79,6 +86,13 @@ class GpuDecoder {
   absl::Status ReadLogits(std::vector<float>* out);
   absl::Status ReadTokens(std::vector<int32_t>* out);
   absl::Status ReadMass(std::vector<float>* out);
+  // Waits for the compute stream and every device-to-host copy issued so far.
+  absl::Status Sync();
+  // Host copy of layer `layer`'s block of sequence b's page `page`, which must be in T0.
+  absl::Status ReadT0Block(uint32_t b, uint32_t page, uint32_t layer, std::vector<uint8_t>* out);
+  // Pool offset of the write-back slot of (layer, sequence, page); pages from
+  // context_tokens / page_tokens on have one.
+  uint64_t WriteBackOffset(uint32_t layer, uint32_t b, uint32_t page) const;
 
   cudaStream_t stream() const { return stream_; }
   uint32_t steps_done() const { return steps_; }
@@ -95,6 +109,7 @@ class GpuDecoder {
   absl::Status UploadTables();
   absl::Status PrefetchLayer(uint32_t layer);
   absl::Status Layer(uint32_t l);
+  absl::Status WriteBackFilledPage();
   absl::Status Gemm(const uint16_t* w, uint32_t out, uint32_t in, const uint16_t* x, float* y);
 
   const SyntheticModel& model_;

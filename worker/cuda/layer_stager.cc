@@ -120,8 +120,19 @@ absl::Status LayerStager::EnsureSourcesPinned(absl::Span<const StageRequest> req
   return absl::OkStatus();
 }
 
+bool LayerStager::CanPrefetch(uint32_t layer) const {
+  const int64_t held = slots_[planner_.SlotOfLayer(layer)].unreleased_layer;
+  return held < 0 || held == static_cast<int64_t>(layer);
+}
+
 absl::StatusOr<StagedLayer> LayerStager::Prefetch(uint32_t layer,
                                                   absl::Span<const StageRequest> requests) {
+  if (!CanPrefetch(layer)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("staging slot ", planner_.SlotOfLayer(layer), " still holds layer ",
+                     slots_[planner_.SlotOfLayer(layer)].unreleased_layer,
+                     ", not released; cannot stage layer ", layer));
+  }
   absl::Status pinned = EnsureSourcesPinned(requests);
   if (!pinned.ok()) return pinned;
   absl::StatusOr<LayerStagePlan> plan = planner_.Plan(layer, requests);
@@ -146,6 +157,7 @@ absl::StatusOr<StagedLayer> LayerStager::Prefetch(uint32_t layer,
   }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, h2d_));
   slot.copy_pending = true;
+  slot.unreleased_layer = layer;
   h2d_bytes_ += staged.copied_bytes;
   return staged;
 }
@@ -161,17 +173,21 @@ absl::Status LayerStager::DequantizeInto(Slot& slot, const LayerStagePlan& plan)
   const uint32_t n = static_cast<uint32_t>(compressed.size());
   // The pinned pointer mirror is rewritten only after its previous upload has run.
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.copied));
+  std::vector<CopyRun> runs;
   for (uint32_t i = 0; i < n; ++i) {
     const StageCopy& c = *compressed[i];
     uint8_t* codes = slot.compressed + c.entry * cbb;
-    KVTIER_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(codes, t2_->base() + c.src_offset, c.bytes, cudaMemcpyHostToDevice, h2d_));
+    runs.push_back({c.src_offset, c.entry * cbb, c.bytes});
     uint8_t* out = slot.blocks + c.entry * block;
     slot.ptrs_host[i] = codes;
     slot.ptrs_host[n + i] = codes + ckb;
     slot.ptrs_host[2 * n + i] = out;
     slot.ptrs_host[3 * n + i] = out + block / 2;
   }
+  // Codes: one batch of DMAs, cut where the pool's pinned chunks end.
+  absl::Status s =
+      h2d_issuer_.Issue(CoalesceRuns(runs, t2_->chunk_bytes()), t2_->base(), slot.compressed, h2d_);
+  if (!s.ok()) return s;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.ptrs_dev, slot.ptrs_host, 4 * n * sizeof(void*),
                                               cudaMemcpyHostToDevice, h2d_));
   kc::DequantizeParams p;
@@ -198,8 +214,9 @@ absl::Status LayerStager::Acquire(uint32_t layer, cudaStream_t compute) {
 }
 
 absl::Status LayerStager::Release(uint32_t layer, cudaStream_t compute) {
-  KVTIER_CUDA_RETURN_IF_ERROR(
-      cudaEventRecord(slots_[planner_.SlotOfLayer(layer)].consumed, compute));
+  Slot& slot = slots_[planner_.SlotOfLayer(layer)];
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, compute));
+  if (slot.unreleased_layer == static_cast<int64_t>(layer)) slot.unreleased_layer = -1;
   return absl::OkStatus();
 }
 

@@ -70,7 +70,12 @@ class LayerStager {
   LayerStager(const LayerStager&) = delete;
   LayerStager& operator=(const LayerStager&) = delete;
 
+  // FAILED_PRECONDITION when the slot still holds another layer that was prefetched and not
+  // released: its attention has not been enqueued, so overwriting the slot would feed it the
+  // wrong layer (the caller must release it first, or prefetch later).
   absl::StatusOr<StagedLayer> Prefetch(uint32_t layer, absl::Span<const StageRequest> requests);
+  // True when Prefetch(layer) may be called now.
+  bool CanPrefetch(uint32_t layer) const;
   // `compute` waits for layer's copies.
   absl::Status Acquire(uint32_t layer, cudaStream_t compute);
   // The slot may be overwritten once the work queued so far on `compute` is done.
@@ -96,6 +101,7 @@ class LayerStager {
     cudaEvent_t copied = nullptr;
     cudaEvent_t consumed = nullptr;
     bool copy_pending = false;
+    int64_t unreleased_layer = -1;  // prefetched and not yet Release()d; -1 = none
   };
   LayerStager(const LayerStagerOptions& options, PinnedMapping* t1, PinnedMapping* t2,
               StagingPlanner planner)

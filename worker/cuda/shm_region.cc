@@ -36,11 +36,17 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& 
   if (bytes == 0) return absl::InvalidArgumentError("bytes must be > 0, got 0");
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("shm_open ", name));
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int err = errno;
+  // posix_fallocate, not ftruncate: on tmpfs a size past the free space must fail here, not
+  // raise SIGBUS at the first touch of a missing page.
+  const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    return ErrnoStatus(err, absl::StrCat("ftruncate ", name, " to ", bytes));
+    if (err == ENOSPC) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no room for ", bytes, " bytes of shared memory for ", name));
+    }
+    return ErrnoStatus(err, absl::StrCat("posix_fallocate ", name, " to ", bytes));
   }
   absl::StatusOr<uint8_t*> data = Map(fd, bytes, name);
   close(fd);

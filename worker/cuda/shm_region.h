@@ -17,7 +17,8 @@ namespace kvtier::worker::cuda {
 class ShmRegion {
  public:
   // Creates `name` (must start with '/', must not exist) of `bytes` and maps it read-write.
-  // INVALID_ARGUMENT for a bad name or 0 bytes; ALREADY_EXISTS; INTERNAL for other errors.
+  // The memory is reserved up front. INVALID_ARGUMENT for a bad name or 0 bytes; ALREADY_EXISTS;
+  // RESOURCE_EXHAUSTED when /dev/shm has not that much room; INTERNAL for other errors.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(const std::string& name, uint64_t bytes);
   // An anonymous shared mapping (MAP_SHARED | MAP_ANONYMOUS) of `bytes`: the fallback where
   // /dev/shm is too small. name() is empty.

@@ -131,6 +131,20 @@ TEST_F(LayerStagerGpuTest, DoubleBufferedSlotsAlternateAndRecopy) {
   EXPECT_EQ(s->h2d_bytes(), 5 * kBlocks * block_);
 }
 
+TEST_F(LayerStagerGpuTest, RefusesToOverwriteASlotWhoseLayerIsNotReleased) {
+  std::unique_ptr<LayerStager> s = *LayerStager::Create(options_, pool_[0].get(), nullptr);
+  ASSERT_TRUE(s->Offload(Ops(block_), nullptr).ok());
+  ASSERT_TRUE(s->WaitOffloads().ok());
+  const std::vector<StageRequest> reqs = Requests(StageSource::kFull, block_, block_);
+  ASSERT_TRUE(s->Prefetch(0, reqs).ok());
+  EXPECT_TRUE(s->CanPrefetch(1));   // the other slot
+  EXPECT_FALSE(s->CanPrefetch(2));  // layer 0's slot, not released yet
+  EXPECT_EQ(s->Prefetch(2, reqs).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s->Release(0, compute_).ok());
+  EXPECT_TRUE(s->Prefetch(2, reqs).ok());
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+}
+
 TEST_F(LayerStagerGpuTest, CompressedPathMatchesTheHostCodec) {
   for (kc::CodecKind codec : {kc::CodecKind::kInt8Kivi, kc::CodecKind::kFp8E4m3}) {
     options_.codec = codec;
