@@ -145,6 +145,11 @@ int Serve(const Flags& flags, DaemonConfig config) {
     log.Error(std::string(s.message()));
     return 1;
   }
+  // No daemon serves our socket: pools under our prefix belong to a predecessor that crashed.
+  for (const std::string& name : RemoveStaleSegments(config.core.shm_prefix)) {
+    log.Warning(
+        absl::StrCat("removed /dev/shm/", name, " left by a daemon that did not stop cleanly"));
+  }
   std::unique_ptr<Metrics> metrics = Metrics::Create();
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!config.server.metrics_address.empty()) {

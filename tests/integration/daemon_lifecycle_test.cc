@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,29 @@ TEST(DaemonLifecycleTest, StaleSocketFileIsReplaced) {
   ASSERT_TRUE(std::filesystem::exists(sock));  // left behind by the crash
   auto fresh = DaemonProcess::Start({.socket_path = sock});
   EXPECT_TRUE(fresh.ok()) << fresh.status();
+}
+
+TEST(DaemonLifecycleTest, PoolsOfACrashedDaemonAreRemovedByTheNextOne) {
+  std::string dir = ::testing::TempDir() + "/crash-pools";
+  std::filesystem::create_directories(dir);
+  std::string sock = dir + "/kvtierd.sock";
+  const std::string prefix = "/kvtier-crash-" + std::to_string(getpid());
+  auto count = [&] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      n += e.path().filename().string().rfind(prefix.substr(1), 0) == 0;
+    }
+    return n;
+  };
+  // Kept alive to the end: the harness's own cleanup must not be what removes the segments.
+  auto crashed = DaemonProcess::Start({.socket_path = sock, .shm_prefix = prefix});
+  ASSERT_TRUE(crashed.ok()) << crashed.status();
+  ASSERT_EQ((*crashed)->Stop(SIGKILL), 128 + SIGKILL);
+  ASSERT_EQ(count(), 2);
+  auto next = DaemonProcess::Start({.socket_path = sock, .shm_prefix = prefix});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(count(), 2) << (*next)->Log();  // its own two, none of the predecessor's
+  EXPECT_NE((*next)->Log().find("did not stop cleanly"), std::string::npos) << (*next)->Log();
 }
 
 TEST(DaemonLifecycleTest, BadConfigNamesTheKeyAndExitsNonZero) {

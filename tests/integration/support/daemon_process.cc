@@ -95,8 +95,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Option
   d->dir_ = tmpl;
   d->socket_path_ = options.socket_path.empty() ? d->dir_ + "/kvtierd.sock" : options.socket_path;
   d->log_path_ = d->dir_ + "/kvtierd.log";
-  d->shm_prefix_ = absl::StrCat("/kvtier-test-", getpid(), "-",
-                                std::filesystem::path(d->dir_).filename().string());
+  d->shm_prefix_ = !options.shm_prefix.empty()
+                       ? options.shm_prefix
+                       : absl::StrCat("/kvtier-test-", getpid(), "-",
+                                      std::filesystem::path(d->dir_).filename().string());
   d->config_path_ = d->dir_ + "/kvtierd.toml";
   if (absl::Status s = d->RewriteConfig(options.config_text); !s.ok()) return s;
   std::vector<std::string> argv = {

@@ -34,6 +34,7 @@ class DaemonProcess {
     std::vector<std::string> args;  // extra flags
     std::string socket_path;        // "" = a fresh one in the temp dir
     std::string metrics_address;    // --metrics host:port; "" = no metrics endpoint
+    std::string shm_prefix;         // "" = one unique to this daemon
   };
   // Starts kvtierd and waits until its socket accepts connections.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const Options& options);
