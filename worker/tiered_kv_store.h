@@ -15,11 +15,11 @@
 // bit-identical whatever the T0/T1 split.
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -209,7 +209,7 @@ class TieredKvStore final : public AttentionCache {
   absl::flat_hash_map<uint64_t, Staged> staged_;  // key: group << 32 | page
   // Slots held now, per pool (0 = DDR, 1 = compressed): offset -> end. Kept in step with the
   // page table so validating a plan's destinations costs O(moves log pages).
-  std::map<uint64_t, uint64_t> held_[2];
+  absl::btree_map<uint64_t, uint64_t> held_[2];
   uint64_t use_clock_ = 0;
   // Per-Attend buffers, kept to avoid reallocation.
   std::vector<const float*> k_rows_, v_rows_;

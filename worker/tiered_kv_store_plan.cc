@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "worker/kernels/copy_cpu.h"
 #include "worker/tiered_kv_store.h"
 
 namespace kvtier::worker {
@@ -187,7 +188,7 @@ absl::Status TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slo
       DecodePage(m.group, memory_.compressed_pool->base() + e.slot, e.compressed_rows,
                  reinterpret_cast<float*>(dst));
     } else {
-      std::memcpy(dst, PageFloats(m.group, m.page), page_bytes);
+      kernels::CopyPage(dst, PageFloats(m.group, m.page), page_bytes);
     }
     written = page_bytes;
   }
