@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -206,6 +207,9 @@ class TieredKvStore final : public AttentionCache {
   std::vector<std::vector<PageEntry>> pages_;     // [group][page]
   std::vector<std::vector<uint8_t>> keep_;        // [layer * kv_heads + h][position]
   absl::flat_hash_map<uint64_t, Staged> staged_;  // key: group << 32 | page
+  // Slots held now, per pool (0 = DDR, 1 = compressed): offset -> end. Kept in step with the
+  // page table so validating a plan's destinations costs O(moves log pages).
+  absl::btree_map<uint64_t, uint64_t> held_[2];
   uint64_t use_clock_ = 0;
   // Per-Attend buffers, kept to avoid reallocation.
   std::vector<const float*> k_rows_, v_rows_;

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "worker/kernels/copy_cpu.h"
 #include "worker/tiered_kv_store.h"
 
 namespace kvtier::worker {
@@ -110,30 +111,19 @@ absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
 
 absl::Status TieredKvStore::ValidateSlots(const std::vector<Move>& moves,
                                           const std::vector<SlotAssignment>& slots) const {
-  // Intervals in use per pool after the plan: held slots (sources are freed only after the
-  // plan is acknowledged) plus every destination. index -1 = held.
+  // Destinations must not overlap a slot held now (sources are freed only after the plan is
+  // acknowledged) nor each other.
   struct Interval {
     uint64_t begin, end;
-    int64_t index;
+    size_t index;
   };
-  std::vector<Interval> in_use[2];
-  in_use[0].reserve(pages_.size() * num_pages() + moves.size());
-  in_use[1].reserve(pages_.size() * num_pages() + moves.size());
-  for (uint32_t g = 0; g < pages_.size(); ++g) {
-    for (const PageEntry& e : pages_[g]) {
-      if (e.tier == Tier::kT1)
-        in_use[0].push_back({e.slot, e.slot + SlotBytes(PoolKind::kDdr, g), -1});
-      if (e.tier == Tier::kT2) {
-        in_use[1].push_back({e.slot, e.slot + SlotBytes(PoolKind::kCompressed, g), -1});
-      }
-    }
-  }
+  std::vector<Interval> dst[2];
   for (size_t i = 0; i < moves.size(); ++i) {
     const Move& m = moves[i];
     if (m.to != Tier::kT1 && m.to != Tier::kT2) continue;
-    const PoolKind kind = m.to == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed;
+    const int pool = m.to == Tier::kT1 ? 0 : 1;
     const uint64_t off = slots[i].dst_offset;
-    const uint64_t bytes = SlotBytes(kind, m.group);
+    const uint64_t bytes = SlotBytes(pool == 0 ? PoolKind::kDdr : PoolKind::kCompressed, m.group);
     const uint64_t pool_size = PoolOf(m.to)->size();
     if (off % layout::kSlotAlignment != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -144,20 +134,28 @@ absl::Status TieredKvStore::ValidateSlots(const std::vector<Move>& moves,
                                                      bytes, " bytes exceeds the ", TierStr(m.to),
                                                      " pool size (", pool_size, ")"));
     }
-    in_use[m.to == Tier::kT1 ? 0 : 1].push_back({off, off + bytes, static_cast<int64_t>(i)});
+    auto next = held_[pool].upper_bound(off);
+    const bool hits_prev = next != held_[pool].begin() && std::prev(next)->second > off;
+    const bool hits_next = next != held_[pool].end() && next->first < off + bytes;
+    if (hits_prev || hits_next) {
+      const uint64_t other = hits_prev ? std::prev(next)->first : next->first;
+      return absl::InvalidArgumentError(absl::StrCat("slots[", i, "].dst_offset (", off,
+                                                     ") overlaps a slot the store already holds"
+                                                     " at offset ",
+                                                     other));
+    }
+    dst[pool].push_back({off, off + bytes, i});
   }
-  for (auto& list : in_use) {
+  for (auto& list : dst) {
     std::sort(list.begin(), list.end(),
               [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
     for (size_t j = 1; j < list.size(); ++j) {
       if (list[j].begin >= list[j - 1].end) continue;
-      const Interval& bad = list[j].index >= 0 ? list[j] : list[j - 1];
-      const Interval& other = list[j].index >= 0 ? list[j - 1] : list[j];
-      return absl::InvalidArgumentError(
-          absl::StrCat("slots[", bad.index, "].dst_offset (", bad.begin, ") overlaps ",
-                       other.index >= 0 ? absl::StrCat("slots[", other.index, "]")
-                                        : std::string("a slot the store already holds"),
-                       " at offset ", other.begin));
+      const Interval& a = list[j - 1].index < list[j].index ? list[j - 1] : list[j];
+      const Interval& b = list[j - 1].index < list[j].index ? list[j] : list[j - 1];
+      return absl::InvalidArgumentError(absl::StrCat("slots[", b.index, "].dst_offset (", b.begin,
+                                                     ") overlaps slots[", a.index, "] at offset ",
+                                                     a.begin));
     }
   }
   return absl::OkStatus();
@@ -190,7 +188,7 @@ absl::Status TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slo
       DecodePage(m.group, memory_.compressed_pool->base() + e.slot, e.compressed_rows,
                  reinterpret_cast<float*>(dst));
     } else {
-      std::memcpy(dst, PageFloats(m.group, m.page), page_bytes);
+      kernels::CopyPage(dst, PageFloats(m.group, m.page), page_bytes);
     }
     written = page_bytes;
   }
@@ -198,14 +196,22 @@ absl::Status TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slo
   if (m.from == Tier::kT0) {
     memory_.arena->Free(e.t0, page_bytes);
     e.t0 = nullptr;
-  } else if (released != nullptr) {
-    released->push_back({m.from == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, e.slot});
+  } else {
+    held_[m.from == Tier::kT1 ? 0 : 1].erase(e.slot);
+    if (released != nullptr) {
+      released->push_back({m.from == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, e.slot});
+    }
   }
   if (m.from == Tier::kT2) DropStaged(m.group, m.page);
   // 3. Point the page table at the new copy.
   e.tier = m.to;
   e.t0 = new_t0;
   e.slot = (m.to == Tier::kT1 || m.to == Tier::kT2) ? slot.dst_offset : 0;
+  if (m.to == Tier::kT1 || m.to == Tier::kT2) {
+    const int pool = m.to == Tier::kT1 ? 0 : 1;
+    held_[pool][e.slot] =
+        e.slot + SlotBytes(pool == 0 ? PoolKind::kDdr : PoolKind::kCompressed, m.group);
+  }
   ++e.version;
   const int from = static_cast<int>(m.from), to = static_cast<int>(m.to);
   stats_.move_bytes[from][to] += written;

@@ -139,6 +139,9 @@ TEST_F(PlanValidationTest, RejectsBadSlots) {
                  absl::StatusCode::kInvalidArgument, "exceeds");
   ExpectRejected({{0, 2, Tier::kT0, Tier::kT1}}, {{held_ddr_}}, absl::StatusCode::kInvalidArgument,
                  "already holds");
+  // A destination starting inside a held slot.
+  ExpectRejected({{0, 2, Tier::kT0, Tier::kT1}}, {{held_ddr_ + 256}},
+                 absl::StatusCode::kInvalidArgument, "already holds");
   ExpectRejected({{0, 2, Tier::kT0, Tier::kT1}, {0, 3, Tier::kT0, Tier::kT1}},
                  {{FreeDdr(0)}, {FreeDdr(0) + 256}}, absl::StatusCode::kInvalidArgument,
                  "overlaps slots[0]");
