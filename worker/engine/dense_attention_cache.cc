@@ -64,6 +64,7 @@ absl::Status DenseAttentionCache::Attend(uint32_t layer, const float* q, uint32_
   const float* kbase = k_[layer].data();
   const float* vbase = v_[layer].data();
   const VecDotFn dot = GetVecDot(GgmlType::kF32, isa_);
+  const AxpyFn axpy = GetAxpy(isa_);
   const size_t items = size_t{n} * hq;
   // Softmax statistics per (query, head), kept for position_mass: max score and 1/Σexp.
   std::vector<float> row_max(items), row_inv(items);
@@ -87,9 +88,7 @@ absl::Status DenseAttentionCache::Attend(uint32_t layer, const float* q, uint32_
       float* o = out + item * d;
       std::fill(o, o + d, 0.f);
       for (uint32_t j = 0; j <= p; ++j) {
-        const float wj = w[j] * inv;
-        const float* vv = vbase + (size_t{j} * hkv + kvh) * d;
-        for (uint32_t c = 0; c < d; ++c) o[c] += wj * vv[c];
+        axpy(w[j] * inv, vbase + (size_t{j} * hkv + kvh) * d, o, d);
       }
     }
   };

@@ -69,6 +69,10 @@ void DequantQ6_KBlock(const BlockQ6_K& b, float* y) {
 
 // ---- scalar dot products ----
 
+void AxpyScalar(float a, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 float DotF32Scalar(const void* row, const float* x, size_t n) {
   const float* w = static_cast<const float*>(row);
   float s = 0;
@@ -227,6 +231,15 @@ KVTIER_AVX2 float DotQ8_0Avx2(const void* row, const float* x, size_t n) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), p, acc);
   }
   return HSum(acc);
+}
+
+KVTIER_AVX2 void AxpyAvx2(float a, const float* x, float* y, size_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
 }
 
 // Four activation rows at once against one weight row: the block is unpacked once. Per row the
@@ -490,6 +503,13 @@ VecDotFn GetVecDot(GgmlType type, KernelIsa isa) {
       return DotQ6_KScalar;
   }
   return DotF32Scalar;
+}
+
+AxpyFn GetAxpy(KernelIsa isa) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx2) return AxpyAvx2;
+#endif
+  return AxpyScalar;
 }
 
 VecDot4Fn GetVecDot4(GgmlType type, KernelIsa isa) {

@@ -39,6 +39,10 @@ using VecDotFn = float (*)(const void* row, const float* x, size_t n);
 // The dot product for `type` and `isa` (scalar when `isa` has no special version of it).
 VecDotFn GetVecDot(GgmlType type, KernelIsa isa);
 
+// y[i] += a · x[i] for i < n (f32; vectorized for kAvx2).
+using AxpyFn = void (*)(float a, const float* x, float* y, size_t n);
+AxpyFn GetAxpy(KernelIsa isa);
+
 // out[t] = Σ dequant(row)[i] · x[t·stride + i] for t < 4, bit-identical to four GetVecDot
 // calls; null when `type`/`isa` has no such kernel (callers then use GetVecDot).
 using VecDot4Fn = void (*)(const void* row, const float* x, size_t stride, size_t n, float* out);

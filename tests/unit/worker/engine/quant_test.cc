@@ -216,6 +216,17 @@ INSTANTIATE_TEST_SUITE_P(
                                          GgmlType::kQ6_K),
                        ::testing::Values(KernelIsa::kScalar, KernelIsa::kAvx2)));
 
+TEST(AxpyTest, VectorAndScalarMatchAPlainLoop) {
+  std::mt19937 rng(8);
+  for (KernelIsa isa : {KernelIsa::kScalar, DetectKernelIsa()}) {
+    for (size_t n : {1u, 7u, 8u, 64u, 67u}) {
+      auto x = RandomVector(n, rng), y = RandomVector(n, rng), ref = y;
+      GetAxpy(isa)(0.37f, x.data(), y.data(), n);
+      for (size_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], ref[i] + 0.37f * x[i], 1e-6f) << n;
+    }
+  }
+}
+
 TEST(ThreadPoolTest, ParallelForCoversEveryIndexOnce) {
   std::mt19937 rng(5);
   for (int threads : {1, 2, 3}) {
