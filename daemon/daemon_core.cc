@@ -131,7 +131,7 @@ int DaemonCoreImpl::PoolOf(const Slot& slot) const {
   return slot.allocator() == &pools_[1]->slots ? 1 : 0;
 }
 
-std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier,
+std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier, bool count_failures,
                                                 Metrics::DegradeReason* reason) {
   const int i = PoolIndex(tier);
   const uint64_t quota =
@@ -140,7 +140,7 @@ std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier,
                            layout::kSlotAlignment;
   if (quota > 0 && w.pool_bytes[i] + rounded > quota) {
     *reason = Metrics::DegradeReason::kQuota;
-    if (metrics_ != nullptr) {
+    if (metrics_ != nullptr && count_failures) {
       metrics_->CountAllocationFailure(tier, Metrics::AllocFailure::kQuota);
     }
     return std::nullopt;
@@ -148,7 +148,7 @@ std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier,
   absl::StatusOr<Slot> slot = pools_[i]->slots.Allocate(w.page_bytes[i]);
   if (!slot.ok()) {
     *reason = i == 0 ? Metrics::DegradeReason::kDdrFull : Metrics::DegradeReason::kCompressedFull;
-    if (metrics_ != nullptr) {
+    if (metrics_ != nullptr && count_failures) {
       metrics_->CountAllocationFailure(tier, Metrics::AllocFailure::kPoolFull);
     }
     return std::nullopt;

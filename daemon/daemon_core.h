@@ -37,6 +37,16 @@ struct CoreOptions {
 
 // Owns the pools, the registry of workers and sequences, and the leases. Thread-safe: every
 // method may be called concurrently from gRPC threads and the reaper.
+//
+// Semantics the service relies on (see also the proto's comments):
+//  - every request from a registered worker renews its lease; a lease found expired on a
+//    request is reaped at once (FAILED_PRECONDITION "register again"), ids never issued by this
+//    daemon are NOT_FOUND (Heartbeat answers FAILED_PRECONDITION for both);
+//  - one plan in flight per sequence; a snapshot's last_plan_version must be the last plan
+//    acknowledged (applied or refused) or the last applied;
+//  - slots: destinations are granted at SubmitSnapshot, sources freed only on AckPlan(applied);
+//    a short pool or quota degrades the plan (compress instead when the policy compresses,
+//    otherwise the page keeps its tier) and never raises eviction.
 class DaemonCore {
  public:
   // Creates the pools (shared memory) and an empty registry. `clock` and `metrics` must outlive
@@ -60,7 +70,9 @@ class DaemonCore {
   // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.
   virtual int ReapExpired() = 0;
 
-  // Applies settings that can change without a restart (quotas). Others are ignored.
+  // Applies settings that can change without a restart: per-worker quotas, max_workers,
+  // max_sequences_per_worker, lease_ttl and heartbeat_interval (when > 0). Others (pool sizes,
+  // shm names, epoch) are ignored. Lower caps do not evict anything already admitted.
   virtual void Reload(const CoreOptions& options) = 0;
 };
 

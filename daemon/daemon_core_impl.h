@@ -63,6 +63,13 @@ struct PendingPlan {
   PlacementFigures figures;  // of the target
 };
 
+// Pages a plan could not place as the policy wanted, by Metrics::DegradeReason.
+struct Shortage {
+  std::array<uint64_t, 3> pages{};
+  uint64_t compressed_instead = 0;
+  uint64_t total() const { return pages[0] + pages[1] + pages[2]; }
+};
+
 struct SequenceRec {
   uint64_t id = 0;
   uint64_t worker_id = 0;
@@ -99,6 +106,10 @@ class DaemonCoreImpl final : public DaemonCore {
   int ReapExpired() override;
   void Reload(const CoreOptions& options) override;
 
+  // Cross-checks all bookkeeping (tests and the fuzzer): allocator invariants, per-worker and
+  // per-pool byte accounting, slots present exactly for pages in T1/T2, figure totals.
+  absl::Status CheckInvariants() const;
+
  private:
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterLocked(const v1::RegisterWorkerRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -128,7 +139,21 @@ class DaemonCoreImpl final : public DaemonCore {
   void FreeWorkerLocked(uint64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Slots charged to a worker: nullopt (and the reason) when the pool or the quota is short.
-  std::optional<Slot> GrantLocked(WorkerRec& w, tiering::Tier tier, Metrics::DegradeReason* reason)
+  std::optional<Slot> GrantLocked(WorkerRec& w, tiering::Tier tier, bool count_failures,
+                                  Metrics::DegradeReason* reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destination slots for the pages `need` (in that order) moving into a pool; where a pool or
+  // quota is short, degrades target[i] (compress instead if the policy may, else keep the
+  // current tier). dst[i] receives each granted slot.
+  Shortage GrantLocked(WorkerRec& w, const PolicySpec& policy, const tiering::Placement& current,
+                       absl::Span<const uint32_t> need, bool count_failures,
+                       tiering::Placement& target, std::vector<Slot>& dst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grants destination slots for every page `target` moves into a pool (indexed like the
+  // placement), degrading `target` where short; `shortage` says what was short.
+  std::vector<Slot> GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
+                                            absl::Span<const float> scores,
+                                            tiering::Placement& target, Shortage* shortage)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(WorkerRec& w, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int PoolOf(const Slot& slot) const;

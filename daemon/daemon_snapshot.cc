@@ -38,6 +38,10 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
     return absl::InvalidArgumentError(absl::StrCat(
         "length ", r.length(), " must be >= prompt_tokens (", s.prompt_tokens, ") and > 0"));
   }
+  if (r.length() > kMaxSnapshotEntries * geo.page_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length ", r.length(), " exceeds ", kMaxSnapshotEntries * geo.page_tokens));
+  }
   const uint64_t pages = geo.NumPages(r.length());
   if (r.num_pages() != pages) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -67,20 +71,20 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
   }
   const std::string& tiers = r.current_tiers();
   const uint32_t old_pages = s.placement.num_pages;
-  for (uint64_t i = 0; i < entries; ++i) {
-    uint8_t t = static_cast<uint8_t>(tiers[i]);
-    if (t > 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("current_tiers[", i, "] is ", int{t}, ", not a tier (0..3)"));
-    }
-    uint64_t g = i / pages, p = i % pages;
-    Tier expected = p < old_pages
-                        ? s.placement.at(static_cast<uint32_t>(g), static_cast<uint32_t>(p))
-                        : Tier::kT0;
-    if (static_cast<Tier>(t) != expected) {
-      return Precondition(absl::StrCat("current_tiers[", i, "] (group ", g, ", page ", p, ") is T",
-                                       int{t}, " but the acknowledged placement says ",
-                                       std::string(tiering::TierName(expected))));
+  for (uint32_t g = 0; g < geo.layer_groups; ++g) {
+    for (uint64_t p = 0; p < pages; ++p) {
+      const uint64_t i = g * pages + p;
+      const uint8_t t = static_cast<uint8_t>(tiers[i]);
+      if (t > 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("current_tiers[", i, "] is ", int{t}, ", not a tier (0..3)"));
+      }
+      const Tier expected = p < old_pages ? s.placement.at(g, static_cast<uint32_t>(p)) : Tier::kT0;
+      if (static_cast<Tier>(t) != expected) {
+        return Precondition(absl::StrCat("current_tiers[", i, "] (group ", g, ", page ", p,
+                                         ") is T", int{t}, " but the acknowledged placement says ",
+                                         std::string(tiering::TierName(expected))));
+      }
     }
   }
   return absl::OkStatus();
@@ -111,7 +115,46 @@ const char* ReasonText(Metrics::DegradeReason r) {
   }
 }
 
+// "DDR pool full: 12 pages; 12 compressed instead, 0 kept in their tier (no extra eviction)".
+std::string DegradedReason(const Shortage& shortage) {
+  std::string reason;
+  for (int k = 0; k < 3; ++k) {
+    if (shortage.pages[k] == 0) continue;
+    absl::StrAppend(&reason, reason.empty() ? "" : "; ",
+                    ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", shortage.pages[k],
+                    " pages");
+  }
+  absl::StrAppend(&reason, "; ", shortage.compressed_instead, " compressed instead, ",
+                  shortage.total() - shortage.compressed_instead,
+                  " kept in their tier (no extra eviction)");
+  return reason;
+}
+
 }  // namespace
+
+std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
+                                                          absl::Span<const float> scores,
+                                                          Placement& target, Shortage* shortage) {
+  // Page order first; if anything was short, again by ascending score, so that the pages left
+  // in T0 are the best-scoring ones.
+  const Placement& current = s.placement;
+  std::vector<uint32_t> need;
+  for (uint32_t i = 0; i < target.tiers.size(); ++i) {
+    if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
+  }
+  std::vector<Slot> dst(target.tiers.size());
+  const Placement wanted = target;
+  *shortage = GrantLocked(w, s.policy, current, need, /*count_failures=*/false, target, dst);
+  if (shortage->total() > 0) {
+    for (uint32_t i : need) ReleaseLocked(w, dst[i]);
+    target = wanted;
+    std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
+      return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
+    });
+    *shortage = GrantLocked(w, s.policy, current, need, /*count_failures=*/true, target, dst);
+  }
+  return dst;
+}
 
 void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages) {
   s.length = length;
@@ -127,6 +170,33 @@ void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pa
   }
   s.placement = std::move(grown);
   s.slots = std::move(slots);
+}
+
+Shortage DaemonCoreImpl::GrantLocked(WorkerRec& w, const PolicySpec& policy,
+                                     const Placement& current, absl::Span<const uint32_t> need,
+                                     bool count_failures, Placement& target,
+                                     std::vector<Slot>& dst) {
+  Shortage shortage;
+  for (uint32_t i : need) {
+    const Tier from = current.tiers[i];
+    const Tier want = target.tiers[i];
+    Metrics::DegradeReason why{};
+    std::optional<Slot> slot = GrantLocked(w, want, count_failures, &why);
+    if (!slot.has_value()) {
+      ++shortage.pages[static_cast<int>(why)];
+      // Fallbacks never evict: T1 short -> compress if the policy may; T2 short -> T1.
+      Tier alt = Tier::kT0;
+      if (want == Tier::kT1 && from == Tier::kT0 && AllowsCompression(policy)) alt = Tier::kT2;
+      if (want == Tier::kT2 && from == Tier::kT0) alt = Tier::kT1;
+      Metrics::DegradeReason ignored{};
+      if (alt != Tier::kT0) slot = GrantLocked(w, alt, count_failures, &ignored);
+      if (slot.has_value() && alt == Tier::kT2) ++shortage.compressed_instead;
+      // Without a slot the page stays where it is (T0, or its current pool).
+      target.tiers[i] = slot.has_value() ? alt : from;
+    }
+    if (slot.has_value()) dst[i] = std::move(*slot);
+  }
+  return shortage;
 }
 
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
@@ -154,54 +224,30 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
                    DecidePlacement(s->policy, s->prompt_tokens, s->length, current, scores));
   Placement& target = decision.target;
 
-  // Destination slots for pages entering a pool; lowest scores first, so that when a pool is
-  // short the best pages are the ones that stay in T0.
-  std::vector<uint32_t> need;
-  for (uint32_t i = 0; i < target.tiers.size(); ++i) {
-    if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
-  }
-  std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
-    return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
-  });
-  std::vector<Slot> dst(target.tiers.size());
-  std::array<uint64_t, 3> short_pages{};  // by DegradeReason
-  uint64_t compressed_instead = 0;
-  for (uint32_t i : need) {
-    const Tier from = current.tiers[i];
-    Tier want = target.tiers[i];
-    Metrics::DegradeReason why{};
-    std::optional<Slot> slot = GrantLocked(*w, want, &why);
-    if (!slot.has_value()) {
-      ++short_pages[static_cast<int>(why)];
-      // Fallbacks never evict: T1 short -> compress if the policy may; T2 short -> T1.
-      Tier alt = Tier::kT0;
-      if (want == Tier::kT1 && from == Tier::kT0 && AllowsCompression(s->policy)) alt = Tier::kT2;
-      if (want == Tier::kT2 && from == Tier::kT0) alt = Tier::kT1;
-      Metrics::DegradeReason why2{};
-      if (alt != Tier::kT0) slot = GrantLocked(*w, alt, &why2);
-      if (slot.has_value()) {
-        want = alt;
-        if (alt == Tier::kT2) ++compressed_instead;
-      } else {
-        want = from;  // stays where it is (T0, or its current pool)
-      }
-      target.tiers[i] = want;
-    }
-    if (slot.has_value()) dst[i] = std::move(*slot);
-  }
+  Shortage shortage;
+  std::vector<Slot> dst = GrantDestinationsLocked(*w, *s, scores, target, &shortage);
 
   v1::TierPlan plan;
   plan.set_sequence_id(s->id);
-  const uint64_t version = s->next_version++;
+  const uint64_t version = s->next_version;
   plan.set_plan_version(version);
   plan.mutable_target_tiers()->resize(target.tiers.size());
   for (size_t i = 0; i < target.tiers.size(); ++i) {
     (*plan.mutable_target_tiers())[i] = static_cast<char>(target.tiers[i]);
   }
+  absl::StatusOr<std::vector<tiering::Move>> ordered = OrderedMoves(current, target);
+  if (!ordered.ok()) {
+    for (Slot& slot : dst) ReleaseLocked(*w, slot);
+    return ordered.status();
+  }
+  const std::vector<tiering::Move>& moves = *ordered;
   PendingPlan pending;
   pending.version = version;
-  std::vector<tiering::Move> moves = OrderedMoves(current, target);
   pending.moves.reserve(moves.size());
+  plan.mutable_move_group()->Reserve(static_cast<int>(moves.size()));
+  plan.mutable_move_page()->Reserve(static_cast<int>(moves.size()));
+  plan.mutable_move_dst_slot()->Reserve(static_cast<int>(moves.size()));
+  plan.mutable_move_src_slot()->Reserve(static_cast<int>(moves.size()));
   std::string* from_bytes = plan.mutable_move_from();
   std::string* to_bytes = plan.mutable_move_to();
   for (const tiering::Move& m : moves) {
@@ -215,26 +261,21 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
     if (metrics_ != nullptr) metrics_->CountMove(tiering::KindOf(m.from, m.to), MoveBytes(*w, m));
     pending.moves.push_back({m, std::move(dst[i])});
   }
-  uint64_t short_total = short_pages[0] + short_pages[1] + short_pages[2];
-  if (short_total > 0) {
+  if (shortage.total() > 0) {
     plan.set_degraded(true);
-    std::string reason;
+    plan.set_degraded_reason(DegradedReason(shortage));
     for (int k = 0; k < 3; ++k) {
-      if (short_pages[k] == 0) continue;
-      if (metrics_ != nullptr) metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
-      absl::StrAppend(&reason, reason.empty() ? "" : "; ",
-                      ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", short_pages[k],
-                      " pages");
+      if (shortage.pages[k] > 0 && metrics_ != nullptr) {
+        metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
+      }
     }
-    absl::StrAppend(&reason, "; ", compressed_instead, " compressed instead, ",
-                    short_total - compressed_instead, " kept in their tier (no extra eviction)");
-    plan.set_degraded_reason(reason);
   }
   plan.set_protected_overflow(decision.protected_overflow);
   if (decision.protected_overflow && metrics_ != nullptr) metrics_->CountProtectedOverflow();
   pending.figures = ComputeFigures(w->geometry, target, s->prompt_tokens, s->length);
   pending.figures.ToProto(plan.mutable_report());
   s->pending = std::move(pending);
+  ++s->next_version;
   UpdateGaugesLocked();
   return plan;
 }
@@ -277,6 +318,70 @@ void DaemonCoreImpl::CommitLocked(WorkerRec& w, SequenceRec& s) {
       s.pending->figures.tokens[3] - std::min(s.pending->figures.tokens[3], s.figures.tokens[3]);
   if (metrics_ != nullptr && newly_evicted > 0) metrics_->CountEvictedTokens(newly_evicted);
   SetFiguresLocked(s, s.pending->figures);
+}
+
+}  // namespace kvtier::daemon::internal
+
+namespace kvtier::daemon::internal {
+
+absl::Status DaemonCoreImpl::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& pool : pools_) RETURN_IF_ERROR(pool->slots.CheckInvariants());
+  std::array<uint64_t, 2> pool_bytes{};
+  std::array<uint64_t, tiering::kNumTiers> tokens{};
+  uint64_t full = 0, t0 = 0;
+  for (const auto& [wid, w] : workers_) {
+    std::array<uint64_t, 2> held{};
+    for (uint64_t sid : w.sequences) {
+      auto it = sequences_.find(sid);
+      if (it == sequences_.end() || it->second.worker_id != wid) {
+        return absl::InternalError(absl::StrCat("worker ", wid, " lists sequence ", sid));
+      }
+      const SequenceRec& s = it->second;
+      if (s.slots.size() != s.placement.tiers.size()) return absl::InternalError("slots shape");
+      for (size_t i = 0; i < s.slots.size(); ++i) {
+        const bool pooled = InPool(s.placement.tiers[i]);
+        if (pooled != s.slots[i].valid()) {
+          return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " slot/tier"));
+        }
+        if (pooled) {
+          if (PoolOf(s.slots[i]) != PoolIndex(s.placement.tiers[i])) {
+            return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " wrong pool"));
+          }
+          held[PoolOf(s.slots[i])] += s.slots[i].bytes();
+        }
+      }
+      if (s.pending.has_value()) {
+        for (const PendingMove& m : s.pending->moves) {
+          if (InPool(m.move.to) != m.dst.valid()) return absl::InternalError("pending dst");
+          if (m.dst.valid()) held[PoolOf(m.dst)] += m.dst.bytes();
+        }
+      }
+      for (int t = 0; t < tiering::kNumTiers; ++t) tokens[t] += s.figures.tokens[t];
+      full += s.figures.full_bytes;
+      t0 += s.figures.t0_bytes;
+    }
+    if (held != w.pool_bytes) {
+      return absl::InternalError(absl::StrCat("worker ", wid, " accounting: holds ", held[0], "/",
+                                              held[1], ", recorded ", w.pool_bytes[0], "/",
+                                              w.pool_bytes[1]));
+    }
+    pool_bytes[0] += held[0];
+    pool_bytes[1] += held[1];
+  }
+  size_t listed = 0;
+  for (const auto& [wid, w] : workers_) listed += w.sequences.size();
+  if (listed != sequences_.size()) return absl::InternalError("orphan sequences");
+  for (int i = 0; i < 2; ++i) {
+    if (pool_bytes[i] != pools_[i]->slots.used_bytes()) {
+      return absl::InternalError(absl::StrCat("pool ", i, " used ", pools_[i]->slots.used_bytes(),
+                                              " but workers hold ", pool_bytes[i]));
+    }
+  }
+  if (tokens != total_tokens_ || full != total_full_bytes_ || t0 != total_t0_bytes_) {
+    return absl::InternalError("figure totals drifted");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvtier::daemon::internal

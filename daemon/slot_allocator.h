@@ -8,9 +8,13 @@
 //    a best-fit free-extent map (offset-ordered + size-ordered, coalescing on return);
 //  - each class allocates from its lowest-address extent with a free slot (compacting), and an
 //    extent goes back to the free map as soon as it is empty.
-// Every operation is O(log n) in the number of extents. Fragmentation is bounded: a class opens
-// a new extent only when all its extents are full, so the slack inside a class's extents is at
-// most one extent's worth plus the slots freed since (which the next allocations reuse first).
+// Every operation is O(log n) in the number of extents. Fragmentation is bounded in the sense
+// that matters for a non-moving allocator: a class opens a new extent only when all of its
+// extents are full, reuses its lowest-address partial extent first (so churn compacts towards
+// low addresses and empties high extents), and hands an extent back the moment it is empty; a
+// short pool carves smaller extents rather than fail while a slot still fits. Slack
+// (reserved_bytes - used_bytes) is what was freed and not yet reused; the randomized churn test
+// keeps it under half of the used bytes.
 // Slot offsets are relative to the pool's data_offset and are multiples of kSlotAlignment.
 
 #include <cstdint>

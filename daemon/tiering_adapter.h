@@ -7,11 +7,13 @@
 // tiering_adapter.cc.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/tiering/policy.h"
 #include "core/tiering/types.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -27,7 +29,8 @@ struct PolicySpec {
   uint32_t window_tokens = 128;
   bool protect_prompt = true;
   bool page_score_max = false;
-  uint32_t page_tokens = 16;  // from the worker's geometry
+  uint32_t page_tokens = 16;                    // from the worker's geometry
+  std::shared_ptr<const tiering::Policy> impl;  // immutable; Decide is thread-safe
 };
 
 // Checks name and ratios; INVALID_ARGUMENT naming "policy.<field>" and the value. Policies that
@@ -49,10 +52,10 @@ absl::StatusOr<Decision> DecidePlacement(const PolicySpec& policy, uint64_t prom
                                          uint64_t length, const tiering::Placement& current,
                                          absl::Span<const float> scores);
 
-// Moves from `current` to `target` in execution order: demotions (towards higher tier numbers)
-// first, then promotions; within each, group-major page order.
-std::vector<tiering::Move> OrderedMoves(const tiering::Placement& current,
-                                        const tiering::Placement& target);
+// Moves from `current` to `target` in execution order (core/tiering's MakePlan): evictions,
+// offloads, compressions, decompressions, promotions; every demotion before every promotion.
+absl::StatusOr<std::vector<tiering::Move>> OrderedMoves(const tiering::Placement& current,
+                                                        const tiering::Placement& target);
 
 }  // namespace kvtier::daemon
 

@@ -117,7 +117,9 @@ class TieredKvStore final : public AttentionCache {
   // partial page being written to T2/T3. FAILED_PRECONDITION when layers differ in length (plans
   // apply between forward passes). RESOURCE_EXHAUSTED when promotions would overflow the arena
   // at any point of the plan's order. `released` (optional) receives the source slots no
-  // longer used.
+  // longer used. Only if an arena shared with other sequences fills up between validation and
+  // a promotion does a plan stop part-way (RESOURCE_EXHAUSTED naming the move): the moves
+  // before it are applied, every page still has exactly one valid copy.
   absl::Status ApplyPlan(const std::vector<tiering::Move>& moves,
                          const std::vector<SlotAssignment>& slots,
                          std::vector<ReleasedSlot>* released = nullptr);
@@ -180,10 +182,14 @@ class TieredKvStore final : public AttentionCache {
   void DropStaged(uint32_t group, uint32_t page);
   absl::Status ValidatePlan(const std::vector<tiering::Move>& moves,
                             const std::vector<SlotAssignment>& slots) const;
+  // Source tier, destination tier and pool checks of moves[i].
+  absl::Status ValidateMoveTiers(const tiering::Move& m, size_t i, uint32_t pages,
+                                 bool partial_tail) const;
   absl::Status ValidateSlots(const std::vector<tiering::Move>& moves,
                              const std::vector<SlotAssignment>& slots) const;
-  void ExecuteMove(const tiering::Move& move, const SlotAssignment& slot,
-                   std::vector<ReleasedSlot>* released);
+  // Fails (changing nothing for this move) only when the arena refuses a promotion.
+  absl::Status ExecuteMove(const tiering::Move& move, const SlotAssignment& slot,
+                           std::vector<ReleasedSlot>* released);
   PagePool* PoolOf(tiering::Tier tier) const;
   uint32_t ValidRows(uint32_t group, uint32_t page) const;
 

@@ -30,6 +30,34 @@ uint32_t TieredKvStore::ValidRows(uint32_t group, uint32_t page) const {
   return static_cast<uint32_t>(std::min<uint64_t>(geometry_.page_tokens, length - begin));
 }
 
+absl::Status TieredKvStore::ValidateMoveTiers(const Move& m, size_t i, uint32_t pages,
+                                              bool partial_tail) const {
+  auto at = [i] { return absl::StrCat("moves[", i, "]"); };
+  const Tier current = pages_[m.group][m.page].tier;
+  if (m.from != current) {
+    return absl::InvalidArgumentError(absl::StrCat(at(), ".from (", TierStr(m.from), ") but ",
+                                                   PageName(m), " is in ", TierStr(current)));
+  }
+  if (m.from == Tier::kT3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".from: ", PageName(m), " is evicted (T3) and never comes back"));
+  }
+  if (m.to == m.from || static_cast<int>(m.to) >= tiering::kNumTiers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".to (", TierStr(m.to), ") must be another tier than from"));
+  }
+  if ((m.to == Tier::kT1 || m.to == Tier::kT2) && PoolOf(m.to) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".to (", TierStr(m.to), "): the store has no pool for that tier"));
+  }
+  if ((m.to == Tier::kT2 || m.to == Tier::kT3) && partial_tail && m.page + 1 == pages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at(), ".to (", TierStr(m.to), "): ", PageName(m),
+                     " is the partial page being written; it may only move between T0 and T1"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
                                          const std::vector<SlotAssignment>& slots) const {
   if (slots.size() != moves.size()) {
@@ -46,53 +74,33 @@ absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
   const uint32_t pages = num_pages();
   const bool partial_tail = lengths_[0] % geometry_.page_tokens != 0;
   absl::flat_hash_map<uint64_t, size_t> seen;
+  seen.reserve(moves.size());
   int64_t arena_used = static_cast<int64_t>(memory_.arena->used_bytes());
   const int64_t arena_capacity = static_cast<int64_t>(memory_.arena->capacity_bytes());
   for (size_t i = 0; i < moves.size(); ++i) {
     const Move& m = moves[i];
-    const std::string at = absl::StrCat("moves[", i, "]");
+    auto at = [i] { return absl::StrCat("moves[", i, "]"); };
     if (m.group >= geometry_.layer_groups) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ".group (", m.group, ") out of range [0, ",
-                                                     geometry_.layer_groups, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          at(), ".group (", m.group, ") out of range [0, ", geometry_.layer_groups, ")"));
     }
     if (m.page >= pages) {
       return absl::InvalidArgumentError(
-          absl::StrCat(at, ".page (", m.page, ") out of range [0, ", pages, ")"));
+          absl::StrCat(at(), ".page (", m.page, ") out of range [0, ", pages, ")"));
     }
     auto [it, fresh] = seen.emplace(uint64_t{m.group} << 32 | m.page, i);
     if (!fresh) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ": duplicate ", PageName(m),
+      return absl::InvalidArgumentError(absl::StrCat(at(), ": duplicate ", PageName(m),
                                                      ", first moved by moves[", it->second, "]"));
     }
-    const Tier current = pages_[m.group][m.page].tier;
-    if (m.from != current) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ".from (", TierStr(m.from), ") but ",
-                                                     PageName(m), " is in ", TierStr(current)));
-    }
-    if (m.from == Tier::kT3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, ".from: ", PageName(m), " is evicted (T3) and never comes back"));
-    }
-    if (m.to == m.from || static_cast<int>(m.to) >= tiering::kNumTiers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, ".to (", TierStr(m.to), ") must be another tier than from"));
-    }
-    if ((m.to == Tier::kT1 || m.to == Tier::kT2) && PoolOf(m.to) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, ".to (", TierStr(m.to), "): the store has no pool for that tier"));
-    }
-    if ((m.to == Tier::kT2 || m.to == Tier::kT3) && partial_tail && m.page + 1 == pages) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(at, ".to (", TierStr(m.to), "): ", PageName(m),
-                       " is the partial page being written; it may only move between T0 and T1"));
-    }
+    RETURN_IF_ERROR(ValidateMoveTiers(m, i, pages, partial_tail));
     const int64_t bytes = static_cast<int64_t>(geometry_.PageBytes(m.group));
     if (m.from == Tier::kT0) arena_used -= bytes;
     if (m.to == Tier::kT0) {
       arena_used += bytes;
       if (arena_used > arena_capacity) {
         return absl::ResourceExhaustedError(
-            absl::StrCat(at, ": promoting ", PageName(m), " would take the device arena to ",
+            absl::StrCat(at(), ": promoting ", PageName(m), " would take the device arena to ",
                          arena_used, " bytes, over its capacity of ", arena_capacity));
       }
     }
@@ -109,6 +117,8 @@ absl::Status TieredKvStore::ValidateSlots(const std::vector<Move>& moves,
     int64_t index;
   };
   std::vector<Interval> in_use[2];
+  in_use[0].reserve(pages_.size() * num_pages() + moves.size());
+  in_use[1].reserve(pages_.size() * num_pages() + moves.size());
   for (uint32_t g = 0; g < pages_.size(); ++g) {
     for (const PageEntry& e : pages_[g]) {
       if (e.tier == Tier::kT1)
@@ -153,18 +163,18 @@ absl::Status TieredKvStore::ValidateSlots(const std::vector<Move>& moves,
   return absl::OkStatus();
 }
 
-void TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slot,
-                                std::vector<ReleasedSlot>* released) {
+absl::Status TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slot,
+                                        std::vector<ReleasedSlot>* released) {
   PageEntry& e = pages_[m.group][m.page];
   const uint64_t page_bytes = geometry_.PageBytes(m.group);
   uint64_t written = 0;
-  // 1. Write the destination from the source's current bytes.
+  // 0. The only step that can fail, before anything changes: validated against the arena's
+  // capacity, but an arena shared with other sequences may have filled up meanwhile.
   uint8_t* new_t0 = nullptr;
   if (m.to == Tier::kT0) {
-    // Validated against the arena's capacity; an arena shared with other sequences may still
-    // refuse, in which case the page stays where it is (see ApplyPlan).
-    new_t0 = *memory_.arena->Allocate(page_bytes);
+    ASSIGN_OR_RETURN(new_t0, memory_.arena->Allocate(page_bytes));
   }
+  // 1. Write the destination from the source's current bytes.
   uint8_t* dst = m.to == Tier::kT0   ? new_t0
                  : m.to == Tier::kT3 ? nullptr
                                      : PoolOf(m.to)->base() + slot.dst_offset;
@@ -200,6 +210,7 @@ void TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slot,
   const int from = static_cast<int>(m.from), to = static_cast<int>(m.to);
   stats_.move_bytes[from][to] += written;
   ++stats_.move_count[from][to];
+  return absl::OkStatus();
 }
 
 absl::Status TieredKvStore::ApplyPlan(const std::vector<Move>& moves,
@@ -211,17 +222,12 @@ absl::Status TieredKvStore::ApplyPlan(const std::vector<Move>& moves,
   }
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < moves.size(); ++i) {
-    if (moves[i].to == Tier::kT0) {
-      // The only step that can fail after validation: a shared arena filled up meanwhile.
-      // Moves before i are applied and consistent; this one and the rest are not.
-      const uint64_t bytes = geometry_.PageBytes(moves[i].group);
-      if (memory_.arena->used_bytes() + bytes > memory_.arena->capacity_bytes()) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("moves[", i, "]: device arena filled by another sequence; moves [0, ", i,
-                         ") applied, the rest not"));
-      }
+    if (absl::Status s = ExecuteMove(moves[i], slots[i], released); !s.ok()) {
+      // Moves before i are applied and the page table is consistent; this one and the rest
+      // are not. `released` lists the slots already freed by moves [0, i).
+      return absl::Status(s.code(), absl::StrCat("moves[", i, "]: ", s.message(), "; moves [0, ", i,
+                                                 ") applied, the rest not"));
     }
-    ExecuteMove(moves[i], slots[i], released);
   }
   stats_.apply_nanos +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)

@@ -1,4 +1,5 @@
-// Snapshot -> plan round trips (latency: SubmitSnapshot alone; plans/s: snapshot + ack) over kvtierd's unix socket, with real worker clients.
+// Snapshot -> plan round trips (latency: SubmitSnapshot alone; plans/s: snapshot + ack) over
+// kvtierd's unix socket, with real worker clients.
 //
 // Open loop: W workers each offer one snapshot every --period-ms (2K pages each); reports
 // p50/p99 latency. Closed loop: the same workers submit back to back; reports plans/s.

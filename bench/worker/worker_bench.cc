@@ -9,6 +9,7 @@
 // Run: build/bench/worker/worker_bench --benchmark_counters_tabular=true
 
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstring>
@@ -48,17 +49,30 @@ void FillPseudoRandom(float* p, size_t n, uint32_t seed) {
   }
 }
 
+// Baseline buffers get the same huge-page advice as the arena and the pools.
+struct HugeBuffer {
+  explicit HugeBuffer(size_t n, int fill) : size(n) {
+    data = static_cast<char*>(
+        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    madvise(data, n, MADV_HUGEPAGE);
+    std::memset(data, fill, n);
+  }
+  ~HugeBuffer() { munmap(data, size); }
+  char* data;
+  size_t size;
+};
+
 // Bytes/s of memcpy between two distinct buffers of `bytes` (cached per size).
 double MemcpyBandwidth(size_t bytes) {
   static std::map<size_t, double> cache;
   if (auto it = cache.find(bytes); it != cache.end()) return it->second;
-  std::vector<char> src(bytes, 1), dst(bytes, 2);
-  std::memcpy(dst.data(), src.data(), bytes);
+  HugeBuffer src(bytes, 1), dst(bytes, 2);
+  std::memcpy(dst.data, src.data, bytes);
   size_t done = 0;
   const auto start = Clock::now();
   while (Seconds(start, Clock::now()) < 0.3) {
-    std::memcpy(dst.data(), src.data(), bytes);
-    benchmark::DoNotOptimize(dst.data());
+    std::memcpy(dst.data, src.data, bytes);
+    benchmark::DoNotOptimize(dst.data);
     benchmark::ClobberMemory();
     done += bytes;
   }
@@ -69,12 +83,13 @@ double MemcpyBandwidth(size_t bytes) {
 double ReadBandwidth(size_t bytes) {
   static std::map<size_t, double> cache;
   if (auto it = cache.find(bytes); it != cache.end()) return it->second;
-  std::vector<uint64_t> buf(bytes / 8, 3);
+  HugeBuffer raw(bytes, 3);
+  const uint64_t* buf = reinterpret_cast<const uint64_t*>(raw.data);
   size_t done = 0;
   uint64_t sum = 0;
   const auto start = Clock::now();
   while (Seconds(start, Clock::now()) < 0.3) {
-    for (uint64_t v : buf) sum += v;
+    for (size_t i = 0; i < bytes / 8; ++i) sum += buf[i];
     benchmark::DoNotOptimize(sum);
     done += bytes;
   }

@@ -20,9 +20,17 @@ namespace {
 class WorkerClientImpl final : public WorkerClient {
  public:
   explicit WorkerClientImpl(const ClientOptions& options)
-      : options_(options),
-        stub_(v1::KvTier::NewStub(
-            grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials()))) {}
+      : options_(options), stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
+
+  // A restarted daemon must be found again within a heartbeat or two, not after gRPC's default
+  // reconnect backoff (up to two minutes).
+  static std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
 
   ~WorkerClientImpl() override {
     {

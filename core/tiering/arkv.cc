@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "core/tiering/scores.h"
 #include "core/tiering/selection.h"
 
 namespace kvtier::tiering {
@@ -153,6 +154,24 @@ absl::StatusOr<std::vector<float>> ArkvHeavyHitterScores(absl::Span<const float>
     }
   }
   return out;
+}
+
+absl::StatusOr<std::vector<float>> ArkvLayerPageScores(absl::Span<const float> head_scores,
+                                                       uint32_t num_kv_heads, uint64_t length,
+                                                       uint32_t page_tokens, PageScoreMode mode) {
+  if (page_tokens == 0) return absl::InvalidArgumentError("page_tokens must be positive, got 0");
+  if (num_kv_heads == 0 || head_scores.size() != uint64_t{num_kv_heads} * length) {
+    return absl::InvalidArgumentError(absl::StrCat("head_scores has ", head_scores.size(),
+                                                   " values, expected num_kv_heads (", num_kv_heads,
+                                                   ") × length (", length, ")"));
+  }
+  std::vector<float> mean(length, 0.0f);
+  for (uint32_t h = 0; h < num_kv_heads; ++h) {
+    for (uint64_t i = 0; i < length; ++i) {
+      mean[i] += head_scores[uint64_t{h} * length + i] / static_cast<float>(num_kv_heads);
+    }
+  }
+  return AggregatePages(mean, page_tokens, mode);
 }
 
 absl::StatusOr<Decision> ArkvDecide(const ArkvInput& in, const TieringConfig& config,

@@ -71,6 +71,12 @@ absl::StatusOr<std::vector<float>> ArkvHeavyHitterScores(absl::Span<const float>
                                                          uint32_t num_kv_heads, uint32_t queries,
                                                          uint64_t length, const ArkvConfig& config);
 
+// One layer's page scores from its heavy-hitter scores ([num_kv_heads][length]): the mean over
+// kv heads, aggregated per page (sum or max). INVALID_ARGUMENT for a wrong size or page_tokens 0.
+absl::StatusOr<std::vector<float>> ArkvLayerPageScores(absl::Span<const float> head_scores,
+                                                       uint32_t num_kv_heads, uint64_t length,
+                                                       uint32_t page_tokens, PageScoreMode mode);
+
 struct ArkvInput {
   SequenceState sequence;
   // One group per layer (num_groups = num_layers); may lag the sequence like DecisionInput.

@@ -77,6 +77,18 @@ absl::StatusOr<Plan> MakePlan(const Placement& current, const Placement& target)
   return plan;
 }
 
+absl::StatusOr<Placement> WithoutNewOffloads(const Placement& current, const Placement& target) {
+  RETURN_IF_ERROR(MakePlan(current, target).status());
+  Placement out = target;
+  for (uint32_t g = 0; g < out.num_groups; ++g) {
+    for (uint32_t p = 0; p < out.num_pages; ++p) {
+      const Tier to = out.at(g, p);
+      if (to == Tier::kT1 || to == Tier::kT2) out.at(g, p) = TierAt(current, g, p);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Placement> ApplyPlan(const Placement& current, const Plan& plan,
                                     uint32_t num_pages) {
   RETURN_IF_ERROR(CheckShape(current, "current"));
@@ -149,6 +161,22 @@ absl::StatusOr<PlacementReport> Report(const Placement& placement, const Sequenc
         evicted_layer_tokens / (static_cast<double>(r.generated_tokens) * geometry.num_layers);
   }
   return r;
+}
+
+absl::StatusOr<std::array<uint64_t, 5>> PlanBytes(const Plan& plan,
+                                                  const layout::KvGeometry& geometry) {
+  RETURN_IF_ERROR(geometry.Validate());
+  std::array<uint64_t, 5> bytes{};
+  for (size_t i = 0; i < plan.moves.size(); ++i) {
+    const Move& m = plan.moves[i];
+    if (m.group >= geometry.layer_groups) {
+      return absl::InvalidArgumentError(absl::StrCat("plan.moves[", i, "].group (", m.group,
+                                                     ") is not below geometry.layer_groups (",
+                                                     geometry.layer_groups, ")"));
+    }
+    bytes[static_cast<int>(KindOf(m.from, m.to))] += geometry.PageBytes(m.group);
+  }
+  return bytes;
 }
 
 }  // namespace kvtier::tiering

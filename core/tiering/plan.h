@@ -34,6 +34,11 @@ absl::StatusOr<Plan> MakePlan(const Placement& current, const Placement& target)
 // INVALID_ARGUMENT when a move's `from` is not the page's tier or it names a page out of range.
 absl::StatusOr<Placement> ApplyPlan(const Placement& current, const Plan& plan, uint32_t num_pages);
 
+// The worker's fallback when the daemon is unreachable (DESIGN.md §3): the policy's target with
+// every move that needs a new host slot undone — a page the target sends to T1 or T2 from another
+// tier keeps its current tier. Evictions and promotions to T0 stay. Errors as MakePlan.
+absl::StatusOr<Placement> WithoutNewOffloads(const Placement& current, const Placement& target);
+
 // Tokens and bytes of one placement. Token counts add over groups (a token counted once per
 // group); with one group they are tokens.
 struct PlacementReport {
@@ -51,6 +56,31 @@ struct PlacementReport {
 // or placement.num_pages != geometry.NumPages(seq.length).
 absl::StatusOr<PlacementReport> Report(const Placement& placement, const SequenceState& seq,
                                        const layout::KvGeometry& geometry);
+
+// Full-precision bytes a plan moves, per MoveKind (pages × PageBytes(group); evictions move
+// nothing but are counted as the bytes they free). INVALID_ARGUMENT for an invalid geometry or a
+// move whose group is not below geometry.layer_groups.
+absl::StatusOr<std::array<uint64_t, 5>> PlanBytes(const Plan& plan,
+                                                  const layout::KvGeometry& geometry);
+
+// Peak and mean of T0 bytes over a run's re-tierings: what every report states besides the
+// cumulative evicted fraction. Thread-compatible.
+class T0BytesSeries {
+ public:
+  void Add(uint64_t t0_bytes) {
+    peak_ = t0_bytes > peak_ ? t0_bytes : peak_;
+    sum_ += static_cast<double>(t0_bytes);
+    ++count_;
+  }
+  uint64_t peak() const { return peak_; }
+  double mean() const { return count_ == 0 ? 0.0 : sum_ / static_cast<double>(count_); }
+  uint64_t count() const { return count_; }
+
+ private:
+  uint64_t peak_ = 0;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
 
 }  // namespace kvtier::tiering
 

@@ -66,6 +66,10 @@ class ScoreAccumulator {
   // INVALID_ARGUMENT for g out of range or page_tokens 0.
   absl::StatusOr<std::vector<float>> PageScores(uint32_t g, uint32_t page_tokens,
                                                 PageScoreMode mode = PageScoreMode::kSum) const;
+  // PageScores with the config's page_tokens and page_score mode.
+  absl::StatusOr<std::vector<float>> PageScores(uint32_t g, const TieringConfig& config) const {
+    return PageScores(g, config.page_tokens, config.page_score);
+  }
   // Every group's page scores, group-major: what DecisionInput::page_scores takes.
   absl::StatusOr<std::vector<float>> AllPageScores(uint32_t page_tokens,
                                                    PageScoreMode mode = PageScoreMode::kSum) const;

@@ -18,11 +18,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/clock/clock.h"
 #include "daemon/config/config.h"
 #include "daemon/daemon_core.h"
 #include "daemon/kvtierd/listen.h"
 #include "daemon/kvtierd/logger.h"
+#include "daemon/kvtierd/reload.h"
 #include "daemon/metrics.h"
 #include "daemon/service/service.h"
 
@@ -118,6 +120,23 @@ class Reaper {
   std::thread thread_;
 };
 
+// Applies what a SIGHUP can change (log level, [limits], [leases]) from `fresh` to `running` and
+// the core, and names every changed setting that needs a restart instead.
+void ReloadOnSighup(DaemonConfig& running, const DaemonConfig& fresh, DaemonCore* core,
+                    Logger& log) {
+  ConfigChanges changes = DiffConfigs(running, fresh);
+  for (const std::string& change : changes.needs_restart) {
+    log.Warning(absl::StrCat("SIGHUP: ", change, " needs a restart; keeping the running value"));
+  }
+  // Logged at the old level, so lowering the verbosity is still recorded.
+  log.Info(absl::StrCat("SIGHUP: reloaded ", changes.applied.empty()
+                                                 ? "(no change to log level, limits or leases)"
+                                                 : absl::StrJoin(changes.applied, ", ")));
+  running = ApplyReloadable(running, fresh);
+  log.set_level(running.server.log_level);
+  core->Reload(running.core);
+}
+
 int Serve(const Flags& flags, DaemonConfig config) {
   Logger log(config.server.log_level);
   log.Info(absl::StrCat("starting kvtierd ", KVTIER_VERSION, " (config: ",
@@ -192,12 +211,7 @@ int Serve(const Flags& flags, DaemonConfig config) {
       log.Error(absl::StrCat("SIGHUP: keeping the running config: ", fresh.status().message()));
       continue;
     }
-    log.set_level(fresh->server.log_level);
-    (*core)->Reload(fresh->core);
-    log.Info(absl::StrCat("SIGHUP: reloaded limits and log level (",
-                          std::string(LogLevelName(log.level())),
-                          "); pools, socket, metrics, leases and policy defaults need a "
-                          "restart"));
+    ReloadOnSighup(config, *fresh, core->get(), log);
   }
   sd_notify(0, "STOPPING=1");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

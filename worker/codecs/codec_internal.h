@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 // Run-time dispatch for the hot loops: GCC/Clang build an AVX2+FMA clone and a portable one and
 // pick at load time (ifunc). The bodies are plain loops written to auto-vectorize.
@@ -31,8 +32,10 @@ struct Affine {
   float lo;
 };
 inline Affine MakeAffine(float lo, float hi) {
-  float scale = (hi - lo) / 255.f;
-  return {scale, scale > 0.f ? 1.f / scale : 0.f, lo};
+  const float scale = (hi - lo) / 255.f;
+  // Divide unconditionally (then select) so loops over groups vectorize under -ftrapping-math.
+  const float r = 1.f / std::max(scale, std::numeric_limits<float>::min());
+  return {scale, scale > 0.f ? r : 0.f, lo};
 }
 
 }  // namespace kvtier::worker::codecs::internal

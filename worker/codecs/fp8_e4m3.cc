@@ -1,6 +1,10 @@
 #include "worker/codecs/fp8_e4m3.h"
 
 #include <algorithm>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <array>
 #include <bit>
 #include <cmath>
@@ -64,7 +68,74 @@ uint64_t Fp8Bytes(TensorRole, uint32_t rows, uint32_t cols) {
   return uint64_t{rows} * sizeof(float) + uint64_t{rows} * cols;
 }
 
-KVTIER_CODEC_CLONES void EncodeRow(const float* src, uint32_t cols, float inv, uint8_t* dst) {
+#if defined(__x86_64__) && defined(__GNUC__)
+// Eight codes (in the low bytes of 32-bit lanes) from eight floats: the scalar algorithm with
+// selects.
+__attribute__((target("avx2,fma"))) inline __m256i Encode8Avx2(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+  const __m256i abs = _mm256_and_si256(bits, _mm256_set1_epi32(kF32AbsMask));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(abs, 20), _mm256_set1_epi32(1));
+  const __m256i normal = _mm256_sub_epi32(
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(abs, _mm256_set1_epi32(0x7FFFF)), odd),
+                        20),
+      _mm256_set1_epi32(120 << 3));
+  const __m256 a = _mm256_min_ps(_mm256_mul_ps(_mm256_castsi256_ps(abs), _mm256_set1_ps(512.f)),
+                                 _mm256_set1_ps(16.f));
+  const __m256 magic = _mm256_set1_ps(8388608.f);
+  const __m256i sub = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(a, magic), magic));
+  // abs < 2^31, so signed compares are exact.
+  __m256i code = _mm256_blendv_epi8(normal, sub,
+                                    _mm256_cmpgt_epi32(_mm256_set1_epi32(kF32MinNormalE4m3), abs));
+  code = _mm256_blendv_epi8(code, _mm256_set1_epi32(kE4m3MaxCode),
+                            _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(kF32Of448 - 1)));
+  code = _mm256_blendv_epi8(code, _mm256_set1_epi32(kE4m3NanCode),
+                            _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(kF32Inf)));
+  return _mm256_or_si256(code, sign);
+}
+
+__attribute__((target("avx2,fma"))) void EncodeRowAvx2(const float* src, uint32_t cols, float inv,
+                                                       uint8_t* dst) {
+  const __m256 vi = _mm256_set1_ps(inv);
+  uint32_t c = 0;
+  for (; c + 32 <= cols; c += 32) {
+    const __m256i c0 = Encode8Avx2(_mm256_mul_ps(_mm256_loadu_ps(src + c), vi));
+    const __m256i c1 = Encode8Avx2(_mm256_mul_ps(_mm256_loadu_ps(src + c + 8), vi));
+    const __m256i c2 = Encode8Avx2(_mm256_mul_ps(_mm256_loadu_ps(src + c + 16), vi));
+    const __m256i c3 = Encode8Avx2(_mm256_mul_ps(_mm256_loadu_ps(src + c + 24), vi));
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  for (; c < cols; ++c) dst[c] = EncodeE4m3Inline(src[c] * inv);
+}
+
+bool UseAvx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+// Max of |x| over the first multiple of 16 columns (exact: max is order-free); returns how
+// many columns it covered.
+__attribute__((target("avx2"))) uint32_t AbsMaxAvx2(const float* src, uint32_t cols, float* m) {
+  const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(kF32AbsMask));
+  __m256 m0 = _mm256_setzero_ps(), m1 = m0;
+  uint32_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    m0 = _mm256_max_ps(m0, _mm256_and_ps(_mm256_loadu_ps(src + c), mask));
+    m1 = _mm256_max_ps(m1, _mm256_and_ps(_mm256_loadu_ps(src + c + 8), mask));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  for (float v : lanes) *m = std::max(*m, v);
+  return c;
+}
+#endif
+
+void EncodeRow(const float* src, uint32_t cols, float inv, uint8_t* dst) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (UseAvx2()) return EncodeRowAvx2(src, cols, inv, dst);
+#endif
   for (uint32_t c = 0; c < cols; ++c) dst[c] = EncodeE4m3Inline(src[c] * inv);
 }
 
@@ -72,9 +143,13 @@ KVTIER_CODEC_CLONES void DecodeRow(const uint8_t* src, uint32_t cols, float scal
   for (uint32_t c = 0; c < cols; ++c) dst[c] = kDecodeTable[src[c]] * scale;
 }
 
-KVTIER_CODEC_CLONES float AbsMax(const float* src, uint32_t cols) {
+float AbsMax(const float* src, uint32_t cols) {
+  uint32_t c = 0;
   float m = 0.f;
-  for (uint32_t c = 0; c < cols; ++c) m = std::max(m, std::fabs(src[c]));
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (UseAvx2()) c = AbsMaxAvx2(src, cols, &m);
+#endif
+  for (; c < cols; ++c) m = std::max(m, std::fabs(src[c]));
   return m;
 }
 

@@ -196,17 +196,22 @@ KVTIER_CODEC_CLONES void DequantizeRow(const uint8_t* codes, uint32_t cols, floa
   for (uint32_t c = 0; c < cols; ++c) dst[c] = lo + static_cast<float>(codes[c]) * scale;
 }
 
-// Key layout: [cols] f32 scale, [cols] f32 min, [rows][cols] codes.
-void EncodeKeys(const float* src, uint32_t rows, uint32_t cols, uint8_t* dst) {
-  thread_local std::vector<float> lo, hi, inv, scale, bias;
-  lo.resize(cols), hi.resize(cols), inv.resize(cols), scale.resize(cols), bias.resize(cols);
-  if (rows > 0) ColumnRange(src, rows, cols, lo.data(), hi.data());
+KVTIER_CODEC_CLONES void ColumnAffine(const float* lo, const float* hi, uint32_t cols, float* scale,
+                                      float* inv, float* bias) {
   for (uint32_t c = 0; c < cols; ++c) {
     const internal::Affine a = internal::MakeAffine(lo[c], hi[c]);
     scale[c] = a.scale;
     inv[c] = a.inv;
     bias[c] = 0.5f - lo[c] * a.inv;
   }
+}
+
+// Key layout: [cols] f32 scale, [cols] f32 min, [rows][cols] codes.
+void EncodeKeys(const float* src, uint32_t rows, uint32_t cols, uint8_t* dst) {
+  thread_local std::vector<float> lo, hi, inv, scale, bias;
+  lo.resize(cols), hi.resize(cols), inv.resize(cols), scale.resize(cols), bias.resize(cols);
+  if (rows > 0) ColumnRange(src, rows, cols, lo.data(), hi.data());
+  ColumnAffine(lo.data(), hi.data(), cols, scale.data(), inv.data(), bias.data());
   std::memcpy(dst, scale.data(), uint64_t{cols} * 4);
   std::memcpy(dst + uint64_t{cols} * 4, lo.data(), uint64_t{cols} * 4);
   uint8_t* codes = dst + uint64_t{cols} * 8;

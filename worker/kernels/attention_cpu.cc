@@ -232,11 +232,11 @@ void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, u
   const size_t row_bytes = size_t{p.num_kv_heads} * hd * sizeof(float);
   for (uint32_t b = 0; b < cnt; b += kValueBlock) {
     const uint32_t e = std::min(cnt, b + kValueBlock);
-    // Rows of the next block are fetched while this one is swept by every head.
-    for (uint32_t pos = e; pos < std::min(cnt, e + kValueBlock); ++pos) {
+    // Rows two blocks ahead are fetched into L2 while this block is swept by every head.
+    for (uint32_t pos = b + 2 * kValueBlock; pos < std::min(cnt, b + 3 * kValueBlock); ++pos) {
       const char* row = reinterpret_cast<const char*>(p.v_rows[pos]);
       if (row == nullptr) continue;
-      for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+      for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T1);
     }
     for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
       for (uint32_t g0 = 0; g0 < group; g0 += 4) {

@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -95,15 +97,11 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Option
   d->log_path_ = d->dir_ + "/kvtierd.log";
   d->shm_prefix_ = absl::StrCat("/kvtier-test-", getpid(), "-",
                                 std::filesystem::path(d->dir_).filename().string());
-  std::string config_path = d->dir_ + "/kvtierd.toml";
-  {
-    std::ofstream config(config_path);
-    config << "[pools]\nddr_mib = 64\ncompressed_mib = 32\nshm_prefix = \"" << d->shm_prefix_
-           << "\"\n"
-           << options.config_text;
-  }
-  std::vector<std::string> argv = {BuiltProgram("kvtierd"), "--config",  config_path, "--socket",
-                                   d->socket_path_,         "--metrics", ""};
+  d->config_path_ = d->dir_ + "/kvtierd.toml";
+  if (absl::Status s = d->RewriteConfig(options.config_text); !s.ok()) return s;
+  std::vector<std::string> argv = {
+      BuiltProgram("kvtierd"), "--config",  d->config_path_,        "--socket",
+      d->socket_path_,         "--metrics", options.metrics_address};
   argv.insert(argv.end(), options.args.begin(), options.args.end());
   d->pid_ = Spawn(argv, d->log_path_);
   absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -128,6 +126,38 @@ int DaemonProcess::Stop(int signal, absl::Duration timeout) {
 }
 
 std::string DaemonProcess::Log() const { return ReadFile(log_path_); }
+
+bool DaemonProcess::WaitForLog(const std::string& text, absl::Duration timeout) const {
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (Log().find(text) != std::string::npos) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+absl::Status DaemonProcess::RewriteConfig(const std::string& config_text) {
+  // Written beside and renamed over, so a SIGHUP never reads a half-written file.
+  const std::string tmp = config_path_ + ".tmp";
+  {
+    std::ofstream config(tmp);
+    config << "[pools]\nddr_mib = 64\ncompressed_mib = 32\nshm_prefix = \"" << shm_prefix_ << "\"\n"
+           << config_text;
+    if (!config.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), config_path_.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DaemonProcess::Signal(int signal) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("kvtierd is not running");
+  if (kill(pid_, signal) != 0) {
+    return absl::InternalError(absl::StrCat("kill(", pid_, "): ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
 
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) {

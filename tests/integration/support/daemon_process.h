@@ -33,6 +33,7 @@ class DaemonProcess {
     std::string config_text;        // extra TOML written to a config file; "" = none
     std::vector<std::string> args;  // extra flags
     std::string socket_path;        // "" = a fresh one in the temp dir
+    std::string metrics_address;    // --metrics host:port; "" = no metrics endpoint
   };
   // Starts kvtierd and waits until its socket accepts connections.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const Options& options);
@@ -48,10 +49,20 @@ class DaemonProcess {
   int Stop(int signal, absl::Duration timeout = absl::Seconds(10));
   // Everything the daemon logged so far.
   std::string Log() const;
+  // Polls the log until it contains `text` (true) or `timeout` passes (false).
+  bool WaitForLog(const std::string& text, absl::Duration timeout = absl::Seconds(10)) const;
+
+  // The config file the daemon was started with (in dir()).
+  const std::string& config_path() const { return config_path_; }
+  // Rewrites that file as Start did, with `config_text` in place of Options::config_text
+  // (the pool sizes and shm prefix stay the test's own), e.g. before Signal(SIGHUP).
+  absl::Status RewriteConfig(const std::string& config_text);
+  // Sends `signal` and returns at once (the daemon keeps running unless the signal stops it).
+  absl::Status Signal(int signal);
 
  private:
   DaemonProcess() = default;
-  std::string dir_, socket_path_, log_path_, shm_prefix_;
+  std::string dir_, socket_path_, log_path_, shm_prefix_, config_path_;
   pid_t pid_ = -1;
 };
 

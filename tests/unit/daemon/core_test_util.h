@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "core/clock/clock.h"
 #include "daemon/daemon_core.h"
+#include "daemon/daemon_core_impl.h"
 #include "daemon/metrics.h"
 #include "gtest/gtest.h"
 
@@ -194,6 +195,11 @@ inline v1::PoolStatus PoolOf(DaemonCore* core, v1::PoolKind kind) {
     if (p.kind() == kind) return p;
   }
   return {};
+}
+
+// The core's internal bookkeeping cross-check.
+inline absl::Status CoreInvariants(DaemonCore* core) {
+  return static_cast<internal::DaemonCoreImpl*>(core)->CheckInvariants();
 }
 
 }  // namespace kvtier::daemon::testing

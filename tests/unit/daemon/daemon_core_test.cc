@@ -3,9 +3,11 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "daemon/shm_segment.h"
 #include "tests/unit/daemon/core_test_util.h"
@@ -236,6 +238,7 @@ TEST(DaemonCoreTest, LeaseExpiryReturnsAllSlotsAndWorkerMustRegisterAgain) {
   env.clock.Advance(absl::Seconds(6));
   EXPECT_EQ(env.core->ReapExpired(), 1);
   EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), both / 2);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
   EXPECT_EQ(a.Heartbeat().code(), absl::StatusCode::kFailedPrecondition);
   auto back = a.Snapshot(*sa, 1616, RampScores(101));
   EXPECT_EQ(back.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -292,7 +295,23 @@ TEST(DaemonCoreTest, TinyDdrPoolDegradesAndKeepsPagesInT0) {
   EXPECT_EQ(CountTier(plan->target_tiers(), 2), 0);  // compress_ratio 0: not allowed to compress
   EXPECT_EQ(CountTier(plan->target_tiers(), 3), 0);  // never evict to make room
   EXPECT_EQ(plan->report().tokens_t3(), 0u);
-  // The pages kept in T0 are the best-scoring of those planned for T1.
+  // The pages that got the 8 slots are the lowest-scoring of those the policy wanted in T1 (as a
+  // roomy pool shows), so the ones kept in T0 are the best.
+  Env roomy;
+  SimWorker rw(roomy.core.get());
+  auto rseq = rw.Open(0, Policy("hierarchy", 0.1, 0, 0));
+  auto rplan = rw.Snapshot(*rseq, 1600, RampScores(100));
+  ASSERT_TRUE(rplan.ok());
+  std::vector<std::pair<float, int>> wanted;
+  const auto scores = RampScores(100);
+  for (int i = 0; i < 100; ++i) {
+    if (rplan->target_tiers()[i] == 1) wanted.emplace_back(scores[i], i);
+  }
+  std::sort(wanted.begin(), wanted.end());
+  ASSERT_GT(wanted.size(), 8u);
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    EXPECT_EQ(plan->target_tiers()[wanted[k].second], k < 8 ? 1 : 0) << "rank " << k;
+  }
   ASSERT_TRUE(w.Ack(*plan, true).ok());
 }
 
@@ -368,7 +387,7 @@ TEST(DaemonCoreTest, NoSlotOwnedTwiceUnderRandomWorkload) {
   std::vector<std::unique_ptr<SimWorker>> workers;
   for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<SimWorker>(env.core.get()));
   std::map<uint64_t, v1::TierPlan> inflight;  // seq -> plan
-  for (int step = 0; step < 400; ++step) {
+  for (int step = 0; step < 1500; ++step) {
     SimWorker& w = *workers[rng() % workers.size()];
     int op = rng() % 10;
     auto& seqs = w.sequences();
@@ -420,6 +439,8 @@ TEST(DaemonCoreTest, NoSlotOwnedTwiceUnderRandomWorkload) {
         }
       }
     }
+    ASSERT_TRUE(testing::CoreInvariants(env.core.get()).ok())
+        << testing::CoreInvariants(env.core.get());
     ASSERT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).slots_used(), n[0]);
     ASSERT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_COMPRESSED).slots_used(), n[1]);
   }
@@ -473,7 +494,7 @@ TEST(DaemonCoreTest, FullPolicyKeepsEverythingInT0AndStreamingEvicts) {
   Env env;
   SimWorker w(env.core.get());
   auto full = w.Open(10, Policy("full", 0.1, 0, 0));
-  auto streaming = w.Open(10, Policy("streaming", 1, 0, 0));
+  auto streaming = w.Open(10, Policy("streaming", 1, 1, 0));
   ASSERT_TRUE(full.ok() && streaming.ok());
   auto pf = w.Snapshot(*full, 1000, RampScores(63));
   ASSERT_TRUE(pf.ok());
@@ -506,6 +527,113 @@ TEST(DaemonCoreTest, MetricsFollowTheFlow) {
   EXPECT_NE(text.find("kvtier_plan_latency_seconds_count 1"), std::string::npos);
   EXPECT_EQ(text.find("kvtier_hbm_saved_bytes 0\n"), std::string::npos);
   EXPECT_EQ(text.find("kvtier_plan_evicted_tokens_total 0\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
+
+namespace kvtier::daemon {
+namespace {
+
+// gRPC threads call the core concurrently: several workers running full rounds at once, with a
+// reaper and status readers in parallel, leave the bookkeeping consistent.
+TEST(DaemonCoreConcurrencyTest, ConcurrentWorkersKeepInvariants) {
+  Env env(SmallOptions(40 * kT1Slot, 40 * 2560));
+  constexpr int kThreads = 4;
+  std::vector<std::unique_ptr<SimWorker>> workers;
+  for (int i = 0; i < kThreads; ++i) workers.push_back(std::make_unique<SimWorker>(env.core.get()));
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      SimWorker& w = *workers[t];
+      for (int round = 0; round < 30; ++round) {
+        auto seq = w.Open(32, Policy("hierarchy", 0.2, 0.1, 0.2));
+        if (!seq.ok()) {
+          ++failures;
+          continue;
+        }
+        for (uint64_t len = 400; len < 1400; len += 200) {
+          auto plan = w.Snapshot(*seq, len, RampScores(90, t * 100 + round));
+          if (!plan.ok() || !w.Ack(*plan, (len / 200) % 3 != 0).ok()) ++failures;
+        }
+        v1::CloseSequenceRequest c;
+        c.set_worker_id(w.id());
+        c.set_sequence_id(*seq);
+        if (!env.core->CloseSequence(c).ok()) ++failures;
+        w.sequences().erase(*seq);
+      }
+    });
+  }
+  std::thread observer([&] {
+    while (!stop.load()) {
+      (void)env.core->ReapExpired();  // the clock does not move: nothing may be reaped
+      v1::GetStatusRequest r;
+      r.set_include_sequences(true);
+      (void)env.core->GetStatus(r);
+      if (!testing::CoreInvariants(env.core.get()).ok()) ++failures;
+    }
+  });
+  for (auto& th : threads) th.join();
+  stop = true;
+  observer.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), 0u);
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_COMPRESSED).used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
+
+namespace kvtier::daemon {
+namespace {
+
+// Workers running different models share the pools: each gets slots of its own page size.
+TEST(DaemonCoreTest, WorkersWithDifferentPageSizesShareThePools) {
+  Env env(SmallOptions(16ull << 20, 8ull << 20));
+  SimWorker small(env.core.get());
+  v1::RegisterWorkerRequest big_req = testing::WorkerRequest();
+  big_req.mutable_geometry()->set_head_dim(48);  // 3x the page: 24576-byte T1 slots
+  big_req.set_t1_page_bytes(3 * kT1Slot);
+  big_req.set_t2_page_bytes(7000);
+  auto big = env.core->RegisterWorker(big_req);
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto s1 = small.Open(0, Policy("hierarchy", 0.2, 0, 0.2));
+  ASSERT_TRUE(s1.ok());
+  v1::OpenSequenceRequest open;
+  open.set_worker_id(big->worker_id());
+  *open.mutable_policy() = Policy("hierarchy", 0.2, 0, 0.2);
+  auto s2 = env.core->OpenSequence(open);
+  ASSERT_TRUE(s2.ok());
+  auto p1 = small.Snapshot(*s1, 1600, RampScores(100));
+  ASSERT_TRUE(p1.ok());
+  v1::SubmitSnapshotRequest r;
+  r.set_worker_id(big->worker_id());
+  r.set_sequence_id(s2->sequence_id());
+  r.set_length(1600);
+  r.set_num_pages(100);
+  for (float f : RampScores(100, 3)) r.add_page_scores(f);
+  r.set_current_tiers(std::string(100, '\0'));
+  auto p2 = env.core->SubmitSnapshot(r);
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  const uint64_t t1 =
+      CountTier(p1->target_tiers(), 1) * kT1Slot + CountTier(p2->target_tiers(), 1) * 3 * kT1Slot;
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), t1);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+  // Slots of the two sizes never overlap.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (int i = 0; i < p1->move_group_size(); ++i) {
+    if (p1->move_to()[i] == 1) ranges.emplace_back(p1->move_dst_slot(i), kT1Slot);
+  }
+  for (int i = 0; i < p2->move_group_size(); ++i) {
+    if (p2->move_to()[i] == 1) ranges.emplace_back(p2->move_dst_slot(i), 3 * kT1Slot);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    EXPECT_LE(ranges[i - 1].first + ranges[i - 1].second, ranges[i].first);
+  }
 }
 
 }  // namespace

@@ -163,11 +163,19 @@ TEST_F(ValidationTest, SubmitSnapshotRejectsEveryBadField) {
       {"length < prompt", [](R& r) { r.set_length(10); }, StatusCode::kInvalidArgument, "length"},
       {"num_pages off by one", [](R& r) { r.set_num_pages(14); }, StatusCode::kInvalidArgument,
        "num_pages"},
-      {"num_pages vs huge length", [](R& r) { r.set_length(1ull << 40); },
-       StatusCode::kInvalidArgument, "num_pages"},
-      {"too many pages",
+      {"length wraps page math",
        [](R& r) {
-         r.set_length(uint64_t{1} << 34);
+         r.set_length(~uint64_t{0});
+         r.set_num_pages(0);
+         r.clear_page_scores();
+         r.clear_current_tiers();
+       },
+       StatusCode::kInvalidArgument, "length"},
+      {"huge length", [](R& r) { r.set_length(1ull << 40); }, StatusCode::kInvalidArgument,
+       "length"},
+      {"num_pages mismatching a long length",
+       [](R& r) {
+         r.set_length(uint64_t{1} << 27);
          r.set_num_pages(1u << 30);
        },
        StatusCode::kInvalidArgument, "num_pages"},

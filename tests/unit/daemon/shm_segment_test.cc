@@ -1,6 +1,7 @@
 #include "daemon/shm_segment.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -94,6 +95,25 @@ TEST(ShmSegmentTest, RejectsBadOptions) {
   o.group = "kvtier-no-such-group-xyz";
   EXPECT_EQ(ShmSegment::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(Exists(o.name));
+}
+
+TEST(ShmSegmentTest, AppliesGroupAndMode) {
+  struct group* grp = getgrgid(getgid());
+  ASSERT_NE(grp, nullptr);
+  ShmSegmentOptions o;
+  o.name = UniqueName("group");
+  o.total_bytes = 65536;
+  o.group = grp->gr_name;
+  o.mode = 0640;
+  auto seg = ShmSegment::Create(o);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  struct stat st;
+  int fd = shm_open(o.name.c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fstat(fd, &st), 0);
+  close(fd);
+  EXPECT_EQ(st.st_gid, grp->gr_gid);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
 }
 
 TEST(ShmSegmentTest, OpenMissingIsNotFound) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/tiering/config.h"
 #include "gtest/gtest.h"
 
 namespace kvtier::daemon {
@@ -93,10 +94,11 @@ TEST(TieringAdapterTest, HierarchyHoldsBudgetsOnRandomScores) {
         if (t != Tier::kT3) live += e - b;
         if (t == Tier::kT0) t0 += e - b;
       }
-      ASSERT_LE(evicted, static_cast<uint64_t>(std::floor(evict * eligible)));
-      // Round-down to pages: at most one page below the target.
-      ASSERT_GE(evicted + pt, static_cast<uint64_t>(std::floor(evict * eligible)));
-      uint64_t cap = static_cast<uint64_t>(std::ceil(hbm * live));
+      const uint64_t target = tiering::FloorRatio(evict, eligible);
+      ASSERT_LE(evicted, target);
+      // Round-down to pages: less than one page below the target.
+      ASSERT_GT(evicted + pt, target);
+      uint64_t cap = tiering::CeilRatio(hbm, live);
       ASSERT_LE(t0, std::max(cap, prot));
       EXPECT_EQ(d->protected_overflow, prot > cap);
       cur = d->target;
@@ -124,11 +126,21 @@ TEST(TieringAdapterTest, OrderedMovesPutDemotionsFirst) {
   Placement cur{1, 4, {Tier::kT1, Tier::kT0, Tier::kT2, Tier::kT0}};
   Placement tgt{1, 4, {Tier::kT0, Tier::kT1, Tier::kT1, Tier::kT3}};
   auto moves = OrderedMoves(cur, tgt);
-  ASSERT_EQ(moves.size(), 4u);
-  EXPECT_EQ(moves[0], (tiering::Move{0, 1, Tier::kT0, Tier::kT1}));
-  EXPECT_EQ(moves[1], (tiering::Move{0, 3, Tier::kT0, Tier::kT3}));
-  EXPECT_EQ(moves[2], (tiering::Move{0, 0, Tier::kT1, Tier::kT0}));
-  EXPECT_EQ(moves[3], (tiering::Move{0, 2, Tier::kT2, Tier::kT1}));
+  ASSERT_TRUE(moves.ok());
+  ASSERT_EQ(moves->size(), 4u);
+  // Evictions, offloads, (compressions,) decompressions, promotions.
+  EXPECT_EQ((*moves)[0].to, Tier::kT3);
+  EXPECT_EQ((*moves)[1].to, Tier::kT1);
+  EXPECT_EQ((*moves)[1].from, Tier::kT0);
+  EXPECT_EQ((*moves)[2].from, Tier::kT2);
+  EXPECT_EQ((*moves)[3].to, Tier::kT0);
+  bool promoted = false;
+  for (const auto& m : *moves) {
+    if (m.to < m.from) promoted = true;
+    if (promoted) EXPECT_LT(m.to, m.from) << "a demotion after a promotion";
+  }
+  // An evicted page never comes back: the diff refuses it.
+  EXPECT_FALSE(OrderedMoves(tgt, cur).ok());
 }
 
 }  // namespace

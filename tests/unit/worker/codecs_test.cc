@@ -95,6 +95,20 @@ TEST(E4m3Test, MatchesBruteForceNearestEven) {
   }
 }
 
+TEST(Fp8E4m3CodecTest, RowEncoderAgreesWithScalarEncoderOnEveryCode) {
+  // A row with absmax 448 has scale 1, so the codec's codes are EncodeE4m3 of the inputs
+  // (vector path for the first 32-multiples, scalar tail). Includes ties and saturation.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> exp(-12.f, 8.7f);
+  std::vector<float> x = {448.f, -448.f, 0.f, -0.f, 1.0625f, 1.1875f, 3e-3f, -1e-4f};
+  while (x.size() < 4096 + 7) x.push_back(std::copysign(std::exp2(exp(rng)), exp(rng)));
+  for (int c = 0; c < 0x7E; ++c) x.push_back((DecodeE4m3(c) + DecodeE4m3(c + 1)) / 2);
+  const uint32_t cols = static_cast<uint32_t>(x.size());
+  std::vector<uint8_t> enc(Fp8E4m3Codec().encoded_bytes(TensorRole::kValue, 1, cols));
+  Fp8E4m3Codec().encode(TensorRole::kValue, x.data(), 1, cols, enc.data());
+  for (uint32_t c = 0; c < cols; ++c) ASSERT_EQ(enc[4 + c], EncodeE4m3(x[c])) << "x=" << x[c];
+}
+
 TEST(Int8KiviTest, KeyErrorBoundedPerChannel) {
   const uint32_t rows = 16, cols = 192;
   auto x = RandomTensor(rows, cols, 1, 2.f);

@@ -1,6 +1,8 @@
 #include "worker/page_pool.h"
 
+#include <cstring>
 #include <set>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -78,6 +80,27 @@ TEST(HostArenaTest, EnforcesCapacityAndTracksPeak) {
   arena.Free(*b, 400);
   EXPECT_EQ(arena.used_bytes(), 0u);
   EXPECT_EQ(arena.peak_bytes(), 1000u);
+}
+
+TEST(HostArenaTest, BlocksAreAlignedDisjointWritableAndReused) {
+  HostArena arena(uint64_t{1} << 30);
+  std::vector<uint8_t*> blocks;
+  for (int i = 0; i < 200; ++i) {
+    auto b = arena.Allocate(737280);  // a SmolLM page: 16 tokens x 30 layers
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(*b) % 64, 0u);
+    std::memset(*b, i, 737280);
+    blocks.push_back(*b);
+  }
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(blocks[i][0], static_cast<uint8_t>(i));
+    ASSERT_EQ(blocks[i][737279], static_cast<uint8_t>(i));
+  }
+  const uint64_t mapped = arena.mapped_bytes();
+  EXPECT_GE(mapped, 200u * 737280);
+  for (uint8_t* b : blocks) arena.Free(b, 737280);
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(arena.Allocate(737280).ok());
+  EXPECT_EQ(arena.mapped_bytes(), mapped);  // freed blocks were reused, nothing new mapped
 }
 
 }  // namespace

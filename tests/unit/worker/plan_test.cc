@@ -242,6 +242,80 @@ TEST(PlanTest, CountsBytesPerDirection) {
   EXPECT_EQ(rig.slots->GrantedSlots(PoolKind::kCompressed), 0u);
 }
 
+TEST(PlanTest, LocalModeGivesNewSlotsBackWhenThePlanIsRejected) {
+  Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(4);
+  o.geometry.num_layers = 1;
+  o.num_q_heads = 9;
+  auto store = rig.MakeStore(o);
+  std::mt19937 rng(5);
+  testing::AppendRandom(rng, *store, 16);
+  auto s = store->ApplyPlanLocal(
+      {{0, 0, Tier::kT0, Tier::kT1}, {0, 1, Tier::kT0, Tier::kT2}, {0, 2, Tier::kT1, Tier::kT0}},
+      *rig.slots);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rig.slots->GrantedSlots(PoolKind::kDdr), 0u);
+  EXPECT_EQ(rig.slots->GrantedSlots(PoolKind::kCompressed), 0u);
+  EXPECT_EQ(store->TierOf(0, 0), Tier::kT0);
+}
+
+// An arena that refuses its n-th allocation after FailAt(n): another sequence filling a shared
+// arena between validation and execution.
+class FlakyArena final : public DeviceArena {
+ public:
+  FlakyArena() : inner_(uint64_t{1} << 30) {}
+  void FailAt(int n) {
+    calls_ = 0;
+    fail_at_ = n;
+  }
+  absl::StatusOr<uint8_t*> Allocate(uint64_t bytes) override {
+    if (++calls_ == fail_at_) return absl::ResourceExhaustedError("taken by another sequence");
+    return inner_.Allocate(bytes);
+  }
+  void Free(uint8_t* block, uint64_t bytes) override { inner_.Free(block, bytes); }
+  uint64_t capacity_bytes() const override { return inner_.capacity_bytes(); }
+  uint64_t used_bytes() const override { return inner_.used_bytes(); }
+  bool host_accessible() const override { return true; }
+
+ private:
+  HostArena inner_;
+  int calls_ = 0;
+  int fail_at_ = 0;  // 0 = never
+};
+
+TEST(PlanTest, ArenaRefusalMidPlanStopsThereWithEveryPageIntact) {
+  Rig rig;
+  FlakyArena arena;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(4);
+  o.geometry.num_layers = 1;
+  o.num_q_heads = 9;
+  auto store = *TieredKvStore::Create(o, {&arena, rig.ddr.get(), rig.compressed.get()});
+  std::mt19937 rng(6);
+  testing::AppendRandom(rng, *store, 12);
+  ASSERT_TRUE(
+      store
+          ->ApplyPlanLocal({{0, 0, Tier::kT0, Tier::kT1}, {0, 1, Tier::kT0, Tier::kT1}}, *rig.slots)
+          .ok());
+  std::vector<std::vector<float>> before(3, std::vector<float>(DdrSlotBytes(o.geometry, 0) / 4));
+  for (uint32_t p = 0; p < 3; ++p) ASSERT_TRUE(store->ReadPage(0, p, before[p].data()).ok());
+  arena.FailAt(2);  // the second promotion
+  std::vector<ReleasedSlot> released;
+  auto s = store->ApplyPlan({{0, 0, Tier::kT1, Tier::kT0}, {0, 1, Tier::kT1, Tier::kT0}},
+                            {{0}, {0}}, &released);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("moves[1]"));
+  EXPECT_EQ(store->TierOf(0, 0), Tier::kT0);
+  EXPECT_EQ(store->TierOf(0, 1), Tier::kT1);
+  EXPECT_EQ(released.size(), 1u);
+  std::vector<float> got(before[0].size());
+  for (uint32_t p = 0; p < 3; ++p) {
+    ASSERT_TRUE(store->ReadPage(0, p, got.data()).ok());
+    EXPECT_EQ(got, before[p]) << p;
+  }
+}
+
 // Model of the bytes each page must hold: appends are written into it in the page layout; a
 // page that enters T2 takes the (checked, approximate) dequantized bytes; every other move must
 // preserve the bytes exactly.

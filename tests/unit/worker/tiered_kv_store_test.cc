@@ -114,7 +114,7 @@ TieredKvStoreOptions RandomOptions(std::mt19937& rng) {
 
 TEST(TieredKvStoreZeroErrorTest, BitIdenticalWhateverTheT0T1SplitRandomizedShapes) {
   std::mt19937 rng(2026);
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 120; ++trial) {
     const TieredKvStoreOptions o = RandomOptions(rng);
     SCOPED_TRACE(::testing::Message()
                  << "trial " << trial << " layers " << o.geometry.num_layers << " kv "

@@ -110,6 +110,18 @@ TEST(ArkvTest, TriStatePerLayer) {
               HasSubstr("oq_ratios has 1"));
 }
 
+TEST(ArkvTest, LayerPageScoresAverageKvHeadsThenAggregate) {
+  const std::vector<float> heads = {1, 2, 3, 4, 5, 3, 4, 5, 6, 7};  // 2 kv heads × 5
+  auto sum = ArkvLayerPageScores(heads, 2, 5, 2, kSum);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, (std::vector<float>{2 + 3, 4 + 5, 6}));
+  auto max = ArkvLayerPageScores(heads, 2, 5, 2, kMax);
+  ASSERT_TRUE(max.ok());
+  EXPECT_EQ(*max, (std::vector<float>{3, 5, 6}));
+  EXPECT_THAT(ArkvLayerPageScores(heads, 3, 5, 2, kSum).status().message(),
+              HasSubstr("head_scores has 10"));
+}
+
 TEST(ArkvTest, RejectsBadInput) {
   ArkvConfig config;
   config.tau_kurtosis = 0;

@@ -164,6 +164,20 @@ void RunScenario(const Scenario& s, std::mt19937_64& rng, int rounds) {
       }
     }
     CheckPlan(current, target);
+    if (::testing::Test::HasFatalFailure()) return;
+    // The worker's fallback: the same evictions and promotions, no move into T1 or T2.
+    auto local = WithoutNewOffloads(current, target);
+    ASSERT_TRUE(local.ok()) << local.status();
+    auto local_plan = MakePlan(current, *local);
+    ASSERT_TRUE(local_plan.ok());
+    for (const Move& m : local_plan->moves) {
+      ASSERT_TRUE(m.to == Tier::kT0 || m.to == Tier::kT3);
+    }
+    for (size_t i = 0; i < target.tiers.size(); ++i) {
+      if (target.tiers[i] == Tier::kT0 || target.tiers[i] == Tier::kT3) {
+        ASSERT_EQ(local->tiers[i], target.tiers[i]);
+      }
+    }
     current = target;
   }
 }

@@ -44,6 +44,18 @@ TEST(PlanTest, NewPagesCountAsT0AndApplyYieldsTarget) {
   EXPECT_EQ(*applied, tgt);
 }
 
+TEST(PlanTest, WithoutNewOffloadsKeepsEvictionsAndPromotionsOnly) {
+  const Placement cur = One({T0, T1, T2, T0, T1, T0});
+  const Placement tgt = One({T1, T0, T1, T3, T2, T2, T0});
+  auto local = WithoutNewOffloads(cur, tgt);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, One({T0, T0, T2, T3, T1, T0, T0}));
+  auto plan = MakePlan(cur, *local);
+  ASSERT_TRUE(plan.ok());
+  for (const Move& m : plan->moves) EXPECT_TRUE(m.to == T0 || m.to == T3);
+  EXPECT_FALSE(WithoutNewOffloads(One({T3}), One({T1})).ok());
+}
+
 TEST(PlanTest, RefusesToResurrectAnEvictedPage) {
   auto plan = MakePlan(One({T3, T0}), One({T1, T0}));
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
@@ -98,6 +110,29 @@ TEST(ReportTest, WeighsGroupsByTheirLayers) {
   EXPECT_DOUBLE_EQ(r->evicted_generated_fraction, 0.5);
   EXPECT_EQ(r->group_tokens[1][3], 4u);
   EXPECT_EQ(r->t0_bytes, 3 * (23040u / 2) * 4);
+}
+
+TEST(PlanBytesTest, CountsFullPrecisionBytesPerKind) {
+  Placement cur{.num_groups = 2, .num_pages = 3, .tiers = {T0, T0, T1, T0, T2, T0}};
+  Placement tgt{.num_groups = 2, .num_pages = 3, .tiers = {T1, T1, T0, T0, T0, T3}};
+  auto plan = MakePlan(cur, tgt);
+  ASSERT_TRUE(plan.ok());
+  auto bytes = PlanBytes(*plan, Geometry(4, 2));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const uint64_t page = 23040u / 2 * 4;  // 15 layers, 4 tokens
+  EXPECT_EQ((*bytes)[static_cast<int>(MoveKind::kOffload)], 2 * page);
+  EXPECT_EQ((*bytes)[static_cast<int>(MoveKind::kPromote)], 2 * page);
+  EXPECT_EQ((*bytes)[static_cast<int>(MoveKind::kEvict)], page);
+  EXPECT_THAT(PlanBytes(*plan, Geometry(4, 1)).status().message(), HasSubstr("layer_groups"));
+}
+
+TEST(T0BytesSeriesTest, TracksPeakAndMean) {
+  T0BytesSeries s;
+  EXPECT_EQ(s.mean(), 0.0);
+  for (uint64_t b : {100u, 300u, 200u}) s.Add(b);
+  EXPECT_EQ(s.peak(), 300u);
+  EXPECT_DOUBLE_EQ(s.mean(), 200.0);
+  EXPECT_EQ(s.count(), 3u);
 }
 
 TEST(ReportTest, RejectsGeometryThatDoesNotMatch) {

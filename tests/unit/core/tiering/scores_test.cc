@@ -101,6 +101,12 @@ TEST(ScoreAccumulatorTest, PageScoresSumOrMaxIncludingPartialLastPage) {
   ASSERT_TRUE(sum.ok() && max.ok());
   EXPECT_THAT(*sum, ElementsAre(5, 5, 5));
   EXPECT_THAT(*max, ElementsAre(4, 3, 5));
+  TieringConfig config;
+  config.page_tokens = 2;
+  config.page_score = kMax;
+  auto from_config = acc.PageScores(0, config);
+  ASSERT_TRUE(from_config.ok());
+  EXPECT_EQ(*from_config, *max);
   auto all = acc.AllPageScores(4);
   ASSERT_TRUE(all.ok());
   EXPECT_THAT(*all, ElementsAre(10, 5));

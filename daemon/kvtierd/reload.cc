@@ -1,0 +1,85 @@
+#include "daemon/kvtierd/reload.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+
+namespace kvtier::daemon {
+namespace {
+
+class Differ {
+ public:
+  explicit Differ(std::vector<std::string>* out) : out_(out) {}
+
+  void Text(const char* key, const std::string& a, const std::string& b) {
+    if (a != b) out_->push_back(absl::StrCat(key, " \"", a, "\" -> \"", b, "\""));
+  }
+  void Number(const char* key, uint64_t a, uint64_t b) {
+    if (a != b) out_->push_back(absl::StrCat(key, " ", a, " -> ", b));
+  }
+  void Ratio(const char* key, double a, double b) {
+    if (a != b) out_->push_back(absl::StrCat(key, " ", a, " -> ", b));
+  }
+  void Millis(const char* key, absl::Duration a, absl::Duration b) {
+    Number(key, absl::ToInt64Milliseconds(a), absl::ToInt64Milliseconds(b));
+  }
+  void Mode(const char* key, uint32_t a, uint32_t b) {
+    if (a != b) out_->push_back(absl::StrFormat("%s %04o -> %04o", key, a, b));
+  }
+
+ private:
+  std::vector<std::string>* const out_;
+};
+
+}  // namespace
+
+ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh) {
+  ConfigChanges changes;
+  Differ now(&changes.applied);
+  now.Text("server.log_level", std::string(LogLevelName(running.server.log_level)),
+           std::string(LogLevelName(fresh.server.log_level)));
+  const CoreOptions& a = running.core;
+  const CoreOptions& b = fresh.core;
+  now.Number("limits.max_workers", a.max_workers, b.max_workers);
+  now.Number("limits.max_sequences_per_worker", a.max_sequences_per_worker,
+             b.max_sequences_per_worker);
+  now.Number("limits.worker_ddr_quota_mib", a.worker_ddr_quota_bytes >> 20,
+             b.worker_ddr_quota_bytes >> 20);
+  now.Number("limits.worker_compressed_quota_mib", a.worker_compressed_quota_bytes >> 20,
+             b.worker_compressed_quota_bytes >> 20);
+  now.Millis("leases.ttl_ms", a.lease_ttl, b.lease_ttl);
+  now.Millis("leases.heartbeat_ms", a.heartbeat_interval, b.heartbeat_interval);
+
+  Differ later(&changes.needs_restart);
+  later.Text("server.socket", running.server.socket_path, fresh.server.socket_path);
+  later.Text("server.tcp", running.server.tcp_address, fresh.server.tcp_address);
+  later.Text("server.metrics", running.server.metrics_address, fresh.server.metrics_address);
+  later.Millis("server.reap_interval_ms", running.server.reap_interval, fresh.server.reap_interval);
+  later.Number("pools.ddr_mib", a.ddr_pool_bytes >> 20, b.ddr_pool_bytes >> 20);
+  later.Number("pools.compressed_mib", a.compressed_pool_bytes >> 20,
+               b.compressed_pool_bytes >> 20);
+  later.Text("pools.shm_prefix", a.shm_prefix, b.shm_prefix);
+  later.Text("pools.group", a.shm_group, b.shm_group);
+  later.Mode("pools.mode", a.shm_mode, b.shm_mode);
+  later.Text("policy.name", running.policy.name, fresh.policy.name);
+  later.Ratio("policy.hbm_ratio", running.policy.hbm_ratio, fresh.policy.hbm_ratio);
+  later.Ratio("policy.evict_ratio", running.policy.evict_ratio, fresh.policy.evict_ratio);
+  later.Ratio("policy.compress_ratio", running.policy.compress_ratio, fresh.policy.compress_ratio);
+  return changes;
+}
+
+DaemonConfig ApplyReloadable(const DaemonConfig& running, const DaemonConfig& fresh) {
+  DaemonConfig next = running;
+  next.server.log_level = fresh.server.log_level;
+  next.core.max_workers = fresh.core.max_workers;
+  next.core.max_sequences_per_worker = fresh.core.max_sequences_per_worker;
+  next.core.worker_ddr_quota_bytes = fresh.core.worker_ddr_quota_bytes;
+  next.core.worker_compressed_quota_bytes = fresh.core.worker_compressed_quota_bytes;
+  next.core.lease_ttl = fresh.core.lease_ttl;
+  next.core.heartbeat_interval = fresh.core.heartbeat_interval;
+  return next;
+}
+
+}  // namespace kvtier::daemon

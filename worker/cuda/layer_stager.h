@@ -1,0 +1,135 @@
+#ifndef KVTIER_WORKER_CUDA_LAYER_STAGER_H_
+#define KVTIER_WORKER_CUDA_LAYER_STAGER_H_
+
+// Moves KV between the pinned host pools and the GPU, off the compute stream.
+//
+// Prefetch (host -> device, its own stream): Prefetch(l) copies what layer l's attention needs
+// from the T1 pool (and the T2 pool, dequantized on the device) into staging slot
+// l % num_slots, once the compute work that last read that slot is done (Release). The decode
+// loop calls Prefetch(l + 1) before computing layer l, Acquire(l) before layer l's attention and
+// Release(l) after it: copies of the next layer overlap the current layer's compute. Planning is
+// differential (StagingPlanner): unchanged staged pages are not copied again.
+//
+// Offload (device -> host, the other stream): Offload copies T0 blocks into T1 slots;
+// OffloadCompressed quantizes blocks on the device (same format as the CPU codecs) and copies the
+// codes into T2 slots. Both start after the work queued so far on the producing stream.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/cuda/copy_engine.h"
+#include "worker/cuda/pinned_mapping.h"
+#include "worker/cuda/staging_plan.h"
+#include "worker/kernels/cuda/kv_ops.h"
+
+namespace kvtier::worker::cuda {
+
+struct LayerStagerOptions {
+  uint32_t num_slots = 2;         // 2 = double-buffered
+  uint32_t entries_per_slot = 0;  // most pages one layer stages
+  // One layer's block of one page: K [page_tokens][kv_heads][head_dim] then V, of `dtype`.
+  uint32_t page_tokens = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  kernels::cuda::KvDtype dtype = kernels::cuda::KvDtype::kBf16;
+  // T2 format; compressed block = encoded K then encoded V.
+  kernels::cuda::CodecKind codec = kernels::cuda::CodecKind::kInt8Kivi;
+  uint32_t max_offload_batch = 1024;  // blocks per OffloadCompressed call
+
+  uint64_t BlockBytes() const;
+  uint64_t CompressedKeyBytes() const;
+  uint64_t CompressedBlockBytes() const;
+};
+
+// Where one staged request lives on the device (valid until the slot's next Prefetch).
+struct StagedLayer {
+  uint32_t slot = 0;
+  std::vector<uint8_t*> blocks;  // per request, in request order
+  uint64_t copied_bytes = 0;     // host -> device bytes this call issued
+  uint32_t reused = 0;
+};
+
+struct OffloadOp {
+  const uint8_t* src = nullptr;  // device block (BlockBytes())
+  uint64_t dst_offset = 0;       // pool offset of the destination slot
+};
+
+// Not thread-safe: one decode loop drives it. The pools must outlive it.
+class LayerStager {
+ public:
+  // `t2_pool` may be null (no T2). INVALID_ARGUMENT for a bad option naming it.
+  static absl::StatusOr<std::unique_ptr<LayerStager>> Create(const LayerStagerOptions& options,
+                                                             PinnedMapping* t1_pool,
+                                                             PinnedMapping* t2_pool);
+  ~LayerStager();
+  LayerStager(const LayerStager&) = delete;
+  LayerStager& operator=(const LayerStager&) = delete;
+
+  // FAILED_PRECONDITION when the slot still holds another layer that was prefetched and not
+  // released: its attention has not been enqueued, so overwriting the slot would feed it the
+  // wrong layer (the caller must release it first, or prefetch later).
+  absl::StatusOr<StagedLayer> Prefetch(uint32_t layer, absl::Span<const StageRequest> requests);
+  // True when Prefetch(layer) may be called now.
+  bool CanPrefetch(uint32_t layer) const;
+  // `compute` waits for layer's copies.
+  absl::Status Acquire(uint32_t layer, cudaStream_t compute);
+  // The slot may be overwritten once the work queued so far on `compute` is done.
+  absl::Status Release(uint32_t layer, cudaStream_t compute);
+
+  absl::Status Offload(absl::Span<const OffloadOp> ops, cudaStream_t producer);
+  absl::Status OffloadCompressed(absl::Span<const OffloadOp> ops, cudaStream_t producer);
+  // Blocks the host until every offload issued so far has landed.
+  absl::Status WaitOffloads();
+
+  cudaStream_t h2d_stream() const { return h2d_; }
+  cudaStream_t d2h_stream() const { return d2h_; }
+  uint64_t h2d_bytes() const { return h2d_bytes_; }
+  uint64_t d2h_bytes() const { return d2h_bytes_; }
+  const LayerStagerOptions& options() const { return options_; }
+
+ private:
+  struct Slot {
+    uint8_t* blocks = nullptr;      // entries * BlockBytes(), device
+    uint8_t* compressed = nullptr;  // entries * CompressedBlockBytes(), device (T2 only)
+    void** ptrs_dev = nullptr;      // 4 * entries device pointers for dequantization
+    void** ptrs_host = nullptr;     // pinned mirror
+    cudaEvent_t copied = nullptr;
+    cudaEvent_t consumed = nullptr;
+    bool copy_pending = false;
+    int64_t unreleased_layer = -1;  // prefetched and not yet Release()d; -1 = none
+  };
+  LayerStager(const LayerStagerOptions& options, PinnedMapping* t1, PinnedMapping* t2,
+              StagingPlanner planner)
+      : options_(options), t1_(t1), t2_(t2), planner_(std::move(planner)) {}
+  absl::Status Init();
+  absl::Status EnsureSourcesPinned(absl::Span<const StageRequest> requests);
+  absl::Status DequantizeInto(Slot& slot, const LayerStagePlan& plan);
+
+  LayerStagerOptions options_;
+  PinnedMapping* t1_;
+  PinnedMapping* t2_;
+  StagingPlanner planner_;
+  std::vector<Slot> slots_;
+  cudaStream_t h2d_ = nullptr;
+  cudaStream_t d2h_ = nullptr;
+  cudaEvent_t produced_ = nullptr;
+  cudaEvent_t offloaded_ = nullptr;
+  // Compressed offload scratch: codes on the device, pointer arrays on device and pinned host.
+  uint8_t* offload_codes_ = nullptr;
+  void** offload_ptrs_dev_ = nullptr;
+  void** offload_ptrs_host_ = nullptr;
+  CopyIssuer h2d_issuer_;
+  CopyIssuer d2h_issuer_;
+  std::vector<CopyRun> runs_;
+  uint64_t h2d_bytes_ = 0;
+  uint64_t d2h_bytes_ = 0;
+};
+
+}  // namespace kvtier::worker::cuda
+
+#endif  // KVTIER_WORKER_CUDA_LAYER_STAGER_H_

@@ -1,0 +1,102 @@
+// kvtier-run: the reference worker. `generate` runs one prompt through SmolLM2 and the tiered
+// cache; `eval` measures fidelity against eviction baselines (see docs/evaluation.md).
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "worker/engine/cli/generate.h"
+#include "worker/engine/model_path.h"
+
+namespace kvtier::engine {
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvtier-run: %s\n", message.c_str());
+  return 1;
+}
+
+std::string DaemonAddress(const std::string& flag) {
+  if (flag.empty() || flag.rfind("unix:", 0) == 0) return flag;
+  return flag.find(':') != std::string::npos ? flag : "unix:" + flag;
+}
+
+int RunGenerate(const std::string& model_path, int threads, GenerateOptions options,
+                const std::string& prompt_file, const std::string& daemon, bool local, bool json) {
+  if (!prompt_file.empty()) {
+    std::ifstream in(prompt_file);
+    if (!in) return Fail("cannot read --prompt-file " + prompt_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    options.prompt = text.str();
+  }
+  options.daemon_address = local ? "" : DaemonAddress(daemon);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(model_path, {.threads = threads});
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  auto stream = [&](const std::string& piece) {
+    std::fputs(piece.c_str(), stdout);
+    std::fflush(stdout);
+  };
+  absl::StatusOr<GenerateResult> result =
+      Generate(**model, options, json ? std::function<void(const std::string&)>() : stream);
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+  if (json) {
+    std::printf("%s\n", ReportJson(*result, options).c_str());
+  } else {
+    std::printf("\n\n%s", FormatReport(*result, options).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::engine
+
+int main(int argc, char** argv) {
+  using namespace kvtier::engine;
+  CLI::App app{
+      "kvtier-run: the kvtier reference worker (SmolLM2-135M through the tiered KV cache)"};
+  app.require_subcommand(1, 1);
+  std::string model_path = DefaultModelPath();
+  int threads = 2;
+  app.add_option("--model", model_path, "GGUF model file")->capture_default_str();
+  app.add_option("--threads", threads, "Compute threads")->capture_default_str();
+
+  CLI::App* gen = app.add_subcommand("generate", "Generate text for one prompt, then report tiers");
+  GenerateOptions o;
+  std::string prompt_file, daemon;
+  bool local = false, json = false;
+  auto* prompt = gen->add_option("--prompt", o.prompt, "Prompt text");
+  gen->add_option("--prompt-file", prompt_file, "Read the prompt from a file")->excludes(prompt);
+  gen->add_flag("--chat", o.chat, "Wrap the prompt in the model's chat template");
+  gen->add_option("--max-new-tokens", o.max_new_tokens, "Stop after this many tokens")
+      ->capture_default_str();
+  gen->add_option("--policy", o.policy, "full | hierarchy | streaming")
+      ->check(CLI::IsMember({"full", "hierarchy", "streaming", "arkv", "h2o", "rkv"}))
+      ->capture_default_str();
+  gen->add_option("--hbm-ratio", o.hbm_ratio, "β: share of live tokens kept in T0")
+      ->capture_default_str();
+  gen->add_option("--evict-ratio", o.evict_ratio, "r: cumulative evicted share (lossy)")
+      ->capture_default_str();
+  gen->add_option("--compress-ratio", o.compress_ratio, "γ: share kept 8-bit in T2 (lossy)")
+      ->capture_default_str();
+  gen->add_option("--page-tokens", o.page_tokens, "Positions per page")->capture_default_str();
+  gen->add_option("--codec", o.codec, "T2 codec: int8_kivi | fp8_e4m3 | minmax")
+      ->capture_default_str();
+  auto* daemon_opt = gen->add_option("--daemon", daemon, "kvtierd socket: unix:PATH");
+  gen->add_flag("--local", local, "Use in-process pools (no daemon)")->excludes(daemon_opt);
+  gen->add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
+  gen->add_option("--temperature", o.temperature, "0 = greedy")->capture_default_str();
+  gen->add_option("--top-p", o.top_p, "Nucleus sampling mass")->capture_default_str();
+  gen->add_flag("--json", json, "Print one JSON object: text, tokens, report");
+  CLI11_PARSE(app, argc, argv);
+
+  if (gen->parsed()) {
+    if (o.prompt.empty() && prompt_file.empty()) {
+      std::fprintf(stderr, "kvtier-run generate: give --prompt TEXT or --prompt-file FILE\n");
+      return 2;
+    }
+    return RunGenerate(model_path, threads, o, prompt_file, daemon, local, json);
+  }
+  return 0;
+}

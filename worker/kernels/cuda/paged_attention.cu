@@ -1,0 +1,258 @@
+// Paged decode attention: chunk partials, chunk-ordered merge, per-position mass.
+// See paged_attention.h for shapes and the determinism contract.
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "worker/kernels/cuda/device_utils.cuh"
+#include "worker/kernels/cuda/paged_attention.h"
+
+namespace kvtier::worker::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMassThreads = 256;
+
+__host__ __device__ inline uint32_t NumChunks(uint32_t max_length) {
+  return (max_length + kAttentionChunk - 1) / kAttentionChunk;
+}
+
+// Workspace layout (all f32): scores [batch][q_heads][max_length], chunk max and sum
+// [batch][q_heads][chunks] each, chunk accumulators [batch][q_heads][chunks][head_dim], final
+// max and sum [batch][q_heads] each.
+struct Workspace {
+  float* scores;
+  float* chunk_m;
+  float* chunk_l;
+  float* chunk_acc;
+  float* final_m;
+  float* final_l;
+};
+
+__host__ __device__ inline Workspace CarveWorkspace(void* base, uint32_t batch, uint32_t max_length,
+                                                    uint32_t heads, uint32_t head_dim) {
+  const uint64_t chunks = (max_length + kAttentionChunk - 1) / kAttentionChunk;
+  const uint64_t rows = uint64_t{batch} * heads;
+  float* f = static_cast<float*>(base);
+  Workspace w;
+  w.scores = f;
+  w.chunk_m = w.scores + rows * max_length;
+  w.chunk_l = w.chunk_m + rows * chunks;
+  w.chunk_acc = w.chunk_l + rows * chunks;
+  w.final_m = w.chunk_acc + rows * chunks * head_dim;
+  w.final_l = w.final_m + rows;
+  return w;
+}
+
+// Pointer to the K row of position p of sequence b and kv head `kvh`, or null when evicted.
+template <typename T>
+__device__ inline const T* KeyRow(const PagedDecodeParams& p, uint32_t b, uint32_t pos,
+                                  uint32_t kvh) {
+  const void* page = p.pages[p.page_indptr[b] + pos / p.page_tokens];
+  if (page == nullptr) return nullptr;
+  const uint64_t row = uint64_t{pos % p.page_tokens} * p.num_kv_heads + kvh;
+  return static_cast<const T*>(page) + row * p.head_dim;
+}
+
+// V sits right after K in the page block.
+template <typename T>
+__device__ inline const T* ValueRow(const PagedDecodeParams& p, const T* key_row) {
+  return key_row + uint64_t{p.page_tokens} * p.num_kv_heads * p.head_dim;
+}
+
+// Scores of the chunk's positions for every query head of the group, into s[g][i] (scaled).
+// Warp w takes positions w, w + kWarps, ...; each lane a fixed contiguous slice of dims, reduced
+// by a fixed xor-shuffle tree.
+template <int kHeadDim, typename T>
+__device__ void ChunkScores(const PagedDecodeParams& p, uint32_t b, uint32_t kvh, uint32_t begin,
+                            uint32_t len, int group, const float (*qs)[kHeadDim],
+                            float (*s)[kAttentionChunk]) {
+  constexpr int kPerLane = kHeadDim / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = warp; i < static_cast<int>(kAttentionChunk); i += kWarps) {
+    const uint32_t pos = begin + i;
+    const T* k = pos < len ? KeyRow<T>(p, b, pos, kvh) : nullptr;
+    if (k == nullptr) {  // uniform across the warp
+      if (lane < group) s[lane][i] = -INFINITY;
+      continue;
+    }
+    float kv[kPerLane];
+    LoadRow<kPerLane>(k + lane * kPerLane, kv);
+#pragma unroll
+    for (int g = 0; g < static_cast<int>(kMaxGqaGroup); ++g) {
+      if (g >= group) break;
+      float dot = 0.f;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) dot = fmaf(qs[g][lane * kPerLane + j], kv[j], dot);
+      dot = WarpSum(dot);
+      if (lane == 0) s[g][i] = dot * p.scale;
+    }
+  }
+}
+
+// For each head of the group: chunk max m, weights e = exp(s - m) written over s, sum l.
+__device__ void ChunkSoftmax(int group, float (*s)[kAttentionChunk], float* m_out, float* l_out) {
+  static_assert(kAttentionChunk == 64, "two positions per lane");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int g = warp; g < group; g += kWarps) {
+    const float a = s[g][lane], c = s[g][lane + 32];
+    const float m = WarpMax(fmaxf(a, c));
+    float ea = 0.f, ec = 0.f;
+    if (m != -INFINITY) {
+      ea = expf(a - m);
+      ec = expf(c - m);
+    }
+    s[g][lane] = ea;
+    s[g][lane + 32] = ec;
+    const float l = WarpSum(ea + ec);
+    if (lane == 0) {
+      m_out[g] = m;
+      l_out[g] = l;
+    }
+  }
+}
+
+template <int kHeadDim, typename T>
+__global__ void __launch_bounds__(kThreads) ChunkKernel(PagedDecodeParams p) {
+  const uint32_t c = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const uint32_t len = p.lengths[b];
+  const uint32_t begin = c * kAttentionChunk;
+  if (begin >= len) return;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  __shared__ float qs[kMaxGqaGroup][kHeadDim];
+  __shared__ float s[kMaxGqaGroup][kAttentionChunk];
+  __shared__ float m_sh[kMaxGqaGroup], l_sh[kMaxGqaGroup];
+  const uint64_t q_row0 = uint64_t{b} * p.num_q_heads + uint64_t{kvh} * group;
+  for (int t = threadIdx.x; t < group * kHeadDim; t += kThreads) {
+    qs[t / kHeadDim][t % kHeadDim] = p.q[q_row0 * kHeadDim + t];
+  }
+  __syncthreads();
+  ChunkScores<kHeadDim, T>(p, b, kvh, begin, len, group, qs, s);
+  __syncthreads();
+  const Workspace w = CarveWorkspace(p.workspace, p.batch, p.max_length, p.num_q_heads, kHeadDim);
+  for (int t = threadIdx.x; t < group * static_cast<int>(kAttentionChunk); t += kThreads) {
+    const int g = t / kAttentionChunk, i = t % kAttentionChunk;
+    if (begin + i < len) w.scores[(q_row0 + g) * p.max_length + begin + i] = s[g][i];
+  }
+  __syncthreads();
+  ChunkSoftmax(group, s, m_sh, l_sh);
+  __syncthreads();
+  const uint32_t chunks = NumChunks(p.max_length);
+  if (threadIdx.x < group) {
+    w.chunk_m[(q_row0 + threadIdx.x) * chunks + c] = m_sh[threadIdx.x];
+    w.chunk_l[(q_row0 + threadIdx.x) * chunks + c] = l_sh[threadIdx.x];
+  }
+  if (threadIdx.x >= kHeadDim) return;
+  const int d = threadIdx.x;
+  float acc[kMaxGqaGroup] = {};
+  const uint32_t end = min(len - begin, kAttentionChunk);
+  for (uint32_t i = 0; i < end; ++i) {  // position order
+    const T* k = KeyRow<T>(p, b, begin + i, kvh);
+    if (k == nullptr) continue;
+    const float v = ToFloat(ValueRow<T>(p, k)[d]);
+#pragma unroll
+    for (int g = 0; g < static_cast<int>(kMaxGqaGroup); ++g) {
+      if (g < group) acc[g] = fmaf(s[g][i], v, acc[g]);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < static_cast<int>(kMaxGqaGroup); ++g) {
+    if (g < group) w.chunk_acc[((q_row0 + g) * chunks + c) * kHeadDim + d] = acc[g];
+  }
+}
+
+// One CTA per (query head, sequence), head_dim threads: merges chunks in chunk order.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kHeadDim) MergeKernel(PagedDecodeParams p) {
+  const uint32_t h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const uint32_t len = p.lengths[b];
+  const uint32_t used = (len + kAttentionChunk - 1) / kAttentionChunk;
+  const uint32_t chunks = NumChunks(p.max_length);
+  const Workspace w = CarveWorkspace(p.workspace, p.batch, p.max_length, p.num_q_heads, kHeadDim);
+  const uint64_t row = uint64_t{b} * p.num_q_heads + h;
+  float m = -INFINITY;
+  for (uint32_t c = 0; c < used; ++c) m = fmaxf(m, w.chunk_m[row * chunks + c]);
+  float l = 0.f, acc = 0.f;
+  if (m != -INFINITY) {
+    for (uint32_t c = 0; c < used; ++c) {
+      const float mc = w.chunk_m[row * chunks + c];
+      if (mc == -INFINITY) continue;
+      const float f = expf(mc - m);
+      l = fmaf(f, w.chunk_l[row * chunks + c], l);
+      acc = fmaf(f, w.chunk_acc[(row * chunks + c) * kHeadDim + d], acc);
+    }
+  }
+  p.out[row * kHeadDim + d] = l > 0.f ? acc / l : 0.f;
+  if (d == 0) {
+    w.final_m[row] = m;
+    w.final_l[row] = l;
+  }
+}
+
+// Mass of each position: sum over query heads, in head order, of exp(s - M) / L.
+__global__ void __launch_bounds__(kMassThreads) MassKernel(PagedDecodeParams p) {
+  const uint32_t b = blockIdx.y;
+  const uint32_t pos = blockIdx.x * kMassThreads + threadIdx.x;
+  const uint32_t len = p.lengths[b];
+  if (pos >= len) return;
+  const Workspace w = CarveWorkspace(p.workspace, p.batch, p.max_length, p.num_q_heads, p.head_dim);
+  float mass = 0.f;
+  if (p.pages[p.page_indptr[b] + pos / p.page_tokens] != nullptr) {
+    for (uint32_t h = 0; h < p.num_q_heads; ++h) {
+      const uint64_t row = uint64_t{b} * p.num_q_heads + h;
+      const float l = w.final_l[row];
+      if (l > 0.f) mass += expf(w.scores[row * p.max_length + pos] - w.final_m[row]) / l;
+    }
+  }
+  float* dst = p.position_mass + uint64_t{b} * p.mass_stride + pos;
+  *dst = p.accumulate_mass ? *dst + mass : mass;
+}
+
+template <int kHeadDim, typename T>
+cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
+  const dim3 chunk_grid(NumChunks(p.max_length), p.num_kv_heads, p.batch);
+  ChunkKernel<kHeadDim, T><<<chunk_grid, kThreads, 0, stream>>>(p);
+  MergeKernel<kHeadDim><<<dim3(p.num_q_heads, p.batch), kHeadDim, 0, stream>>>(p);
+  if (p.position_mass != nullptr) {
+    const dim3 mass_grid((p.max_length + kMassThreads - 1) / kMassThreads, p.batch);
+    MassKernel<<<mass_grid, kMassThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+bool Valid(const PagedDecodeParams& p) {
+  if (p.q == nullptr || p.out == nullptr || p.pages == nullptr || p.page_indptr == nullptr ||
+      p.lengths == nullptr || p.workspace == nullptr) {
+    return false;
+  }
+  if (p.batch == 0 || p.max_length == 0 || p.num_kv_heads == 0 || p.page_tokens == 0) return false;
+  if (p.num_q_heads % p.num_kv_heads != 0) return false;
+  const uint32_t group = p.num_q_heads / p.num_kv_heads;
+  if (group == 0 || group > kMaxGqaGroup) return false;
+  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return false;
+  if (p.position_mass != nullptr && p.mass_stride < p.max_length) return false;
+  return p.batch <= 65535;
+}
+
+}  // namespace
+
+uint64_t PagedDecodeWorkspaceBytes(uint32_t batch, uint32_t max_length, uint32_t num_q_heads,
+                                   uint32_t head_dim) {
+  const uint64_t rows = uint64_t{batch} * num_q_heads;
+  const uint64_t chunks = NumChunks(max_length);
+  return 4 * (rows * max_length + rows * chunks * (2 + uint64_t{head_dim}) + 2 * rows);
+}
+
+cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream) {
+  if (!Valid(p)) return cudaErrorInvalidValue;
+  const bool bf16 = p.kv_dtype == KvDtype::kBf16;
+  if (p.head_dim == 64) {
+    return bf16 ? Launch<64, __nv_bfloat16>(p, stream) : Launch<64, float>(p, stream);
+  }
+  return bf16 ? Launch<128, __nv_bfloat16>(p, stream) : Launch<128, float>(p, stream);
+}
+
+}  // namespace kvtier::worker::kernels::cuda

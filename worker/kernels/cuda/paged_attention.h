@@ -1,0 +1,70 @@
+#ifndef KVTIER_WORKER_KERNELS_CUDA_PAGED_ATTENTION_H_
+#define KVTIER_WORKER_KERNELS_CUDA_PAGED_ATTENTION_H_
+
+// Paged decode attention on the GPU, FlashInfer-style: raw device pointers, one Params struct,
+// no framework headers. The host launcher validates, dispatches head_dim (64, 128) and the KV
+// element type to compile-time constants, and returns a cudaError_t (cudaErrorInvalidValue for
+// bad shapes, with nothing launched).
+//
+// Pages are reached only through a page table, so a page in the device arena (T0) and a T1 page
+// staged from host memory are read by the same instructions in the same order. The reduction
+// order depends only on positions: positions are cut into fixed chunks of kAttentionChunk, each
+// chunk is reduced in position order, and chunks are merged in chunk order. That is what makes
+// `full` and `hierarchy` bit-identical on the GPU whatever the T0/T1 split.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "worker/kernels/cuda/dtype.h"
+
+namespace kvtier::worker::kernels::cuda {
+
+// Positions reduced by one CTA (a fixed constant: never derived from the placement).
+inline constexpr uint32_t kAttentionChunk = 64;
+// Largest query-head group per KV head (num_q_heads / num_kv_heads).
+inline constexpr uint32_t kMaxGqaGroup = 8;
+
+struct PagedDecodeParams {
+  // [batch][num_q_heads][head_dim] f32: one decode query per sequence, at position
+  // lengths[b] - 1 (it attends to [0, lengths[b])).
+  const float* q = nullptr;
+  // [batch][num_q_heads][head_dim] f32, overwritten.
+  float* out = nullptr;
+  // Page table. Sequence b owns entries [page_indptr[b], page_indptr[b+1]); entry i of sequence b
+  // covers positions [i * page_tokens, (i+1) * page_tokens). Each entry points to one layer's
+  // block of one page: K [page_tokens][num_kv_heads][head_dim] immediately followed by V of the
+  // same shape, elements of `kv_dtype`. A null entry is an evicted page: its positions get no
+  // attention and zero mass. Entries point into the T0 arena or into a staging buffer alike.
+  const void* const* pages = nullptr;
+  const int32_t* page_indptr = nullptr;  // [batch + 1], device
+  const int32_t* lengths = nullptr;      // [batch], device; lengths[b] <= pages of b * page_tokens
+  // Null, or [batch] rows of `mass_stride` floats: for p < lengths[b], the softmax weight of
+  // position p summed over query heads (0 for evicted positions). Positions >= lengths[b] are
+  // left untouched. With accumulate_mass the mass is added to what is there (summing layers).
+  float* position_mass = nullptr;
+  uint32_t mass_stride = 0;
+  bool accumulate_mass = false;
+  // Scratch, device, PagedDecodeWorkspaceBytes(...) bytes; no initialisation needed.
+  void* workspace = nullptr;
+  uint32_t batch = 0;
+  uint32_t max_length = 0;  // >= every lengths[b]; sizes the grid and the workspace
+  uint32_t num_q_heads = 0;
+  uint32_t num_kv_heads = 0;  // divides num_q_heads; group = num_q_heads / num_kv_heads <= 8
+  uint32_t head_dim = 0;      // 64 or 128
+  uint32_t page_tokens = 0;
+  float scale = 0.f;
+  KvDtype kv_dtype = KvDtype::kBf16;
+};
+
+// Workspace bytes for these sizes.
+uint64_t PagedDecodeWorkspaceBytes(uint32_t batch, uint32_t max_length, uint32_t num_q_heads,
+                                   uint32_t head_dim);
+
+// Three launches on `stream` (chunk partials, merge, mass). cudaErrorInvalidValue when a field
+// is out of range (nothing is launched); otherwise the launch status.
+cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream);
+
+}  // namespace kvtier::worker::kernels::cuda
+
+#endif  // KVTIER_WORKER_KERNELS_CUDA_PAGED_ATTENTION_H_

@@ -1,0 +1,237 @@
+#include "worker/runtime/tiered_sequence.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
+#include "core/tiering/plan.h"
+#include "kvtier/client.h"
+
+namespace kvtier::worker {
+namespace {
+
+using tiering::Tier;
+
+uint64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Adds the elapsed time of its scope to a counter.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(uint64_t* sink) : sink_(sink), start_(NowNanos()) {}
+  ~ScopedTimer() { *sink_ += NowNanos() - start_; }
+
+ private:
+  uint64_t* sink_;
+  uint64_t start_;
+};
+
+}  // namespace
+
+TieredSequence::TieredSequence(SequenceOptions options, std::unique_ptr<TieredKvStore> store,
+                               tiering::ScoreAccumulator scores,
+                               std::unique_ptr<tiering::Policy> policy)
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      scores_(std::move(scores)),
+      policy_(std::move(policy)),
+      layer_mass_(store_->geometry().num_layers) {
+  report_.prompt_tokens = options_.prompt_tokens;
+}
+
+TieredSequence::~TieredSequence() { ReleaseHeldSlots(); }
+
+void TieredSequence::ReleaseHeldSlots() {
+  if (client_ != nullptr) {
+    // The daemon frees every slot of the sequence; an orphaned one is reaped with its lease.
+    if (!orphaned_) (void)client_->CloseSequence(sequence_id_);
+    return;
+  }
+  if (local_.slots == nullptr) return;
+  for (const ReleasedSlot& slot : store_->HeldSlots()) {
+    (void)local_.slots->Free(slot.kind, slot.offset);
+  }
+}
+
+absl::Status TieredSequence::Append(uint32_t layer, const float* k, const float* v, uint32_t n) {
+  return store_->Append(layer, k, v, n);
+}
+
+absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
+                                    float* position_mass) {
+  if (layer >= layer_mass_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  std::vector<float>& mass = layer_mass_[layer];
+  mass.resize(store_->Length(layer));
+  {
+    ScopedTimer timer(&report_.attend_nanos);
+    RETURN_IF_ERROR(store_->Attend(layer, q, n, out, mass.data()));
+  }
+  if (position_mass != nullptr) std::copy(mass.begin(), mass.end(), position_mass);
+  if (layer + 1 == layer_mass_.size()) return EndForwardPass(n);
+  return absl::OkStatus();
+}
+
+absl::Status TieredSequence::EndForwardPass(uint32_t n) {
+  const uint64_t length = store_->Length(0);
+  std::vector<float> attention;
+  attention.reserve(layer_mass_.size() * length);
+  for (const auto& mass : layer_mass_) {
+    if (mass.size() != length) {
+      return absl::FailedPreconditionError("layers attended over different lengths");
+    }
+    attention.insert(attention.end(), mass.begin(), mass.end());
+  }
+  if (!prefilled_) {
+    RETURN_IF_ERROR(scores_.SeedPrefill(attention, length, tiering::AttentionLayout::kHeadSummed));
+    prefilled_ = true;
+    step_ = 0;
+  } else {
+    RETURN_IF_ERROR(scores_.AddStep(attention, length, tiering::AttentionLayout::kHeadSummed));
+    ++step_;
+  }
+  absl::Status s = absl::OkStatus();
+  if (tiering::IsRetierStep(options_.tiering, step_)) s = Retier();
+  Account();
+  return s;
+}
+
+absl::Status TieredSequence::Retier() {
+  ScopedTimer timer(&report_.tier_nanos);
+  if (client_ == nullptr) return RetierLocal(/*allow_offloads=*/true);
+  if (!orphaned_ && client_->generation() != generation_) orphaned_ = true;
+  if (!orphaned_) {
+    absl::Status s = RetierWithDaemon();
+    if (s.ok()) return s;
+    if (client_->generation() != generation_) orphaned_ = true;
+  }
+  // The daemon is unreachable (or forgot us): keep decoding on what we hold, no new offloads.
+  ++report_.degraded_plans;
+  return RetierLocal(/*allow_offloads=*/false);
+}
+
+absl::StatusOr<tiering::Placement> TieredSequence::LocalTarget(
+    const std::vector<float>& page_scores, bool allow_offloads) {
+  const tiering::Placement current = store_->placement();
+  tiering::SequenceState state{options_.prompt_tokens, store_->Length(0)};
+  ASSIGN_OR_RETURN(tiering::Decision decision,
+                   policy_->DecideDetailed({state, current, page_scores}));
+  report_.protected_overflow_plans += decision.protected_overflow_tokens > 0;
+  if (allow_offloads) return std::move(decision.placement);
+  // Without the daemon's slots only evictions can proceed: they need no destination, and the
+  // policy's eviction budget is the same wherever it runs.
+  tiering::Placement target = decision.placement;
+  for (uint32_t g = 0; g < target.num_groups; ++g) {
+    for (uint32_t p = 0; p < target.num_pages; ++p) {
+      const Tier now = p < current.num_pages ? current.at(g, p) : Tier::kT0;
+      if (target.at(g, p) != Tier::kT3) target.at(g, p) = now;
+    }
+  }
+  return target;
+}
+
+absl::Status TieredSequence::RetierLocal(bool allow_offloads) {
+  ASSIGN_OR_RETURN(
+      std::vector<float> page_scores,
+      scores_.AllPageScores(store_->geometry().page_tokens, options_.tiering.page_score));
+  ASSIGN_OR_RETURN(tiering::Placement target, LocalTarget(page_scores, allow_offloads));
+  ASSIGN_OR_RETURN(tiering::Plan plan, tiering::MakePlan(store_->placement(), target));
+  if (local_.slots != nullptr) {
+    RETURN_IF_ERROR(store_->ApplyPlanLocal(plan.moves, *local_.slots));
+  } else {
+    // Evictions only (orphaned daemon sequence): the released slots belong to the old daemon.
+    std::vector<SlotAssignment> none(plan.moves.size());
+    RETURN_IF_ERROR(store_->ApplyPlan(plan.moves, none));
+  }
+  ++report_.plans;
+  ++report_.local_plans;
+  return scores_.FreezeEvicted(target, store_->geometry().page_tokens);
+}
+
+absl::Status TieredSequence::RetierWithDaemon() {
+  const layout::KvGeometry& g = store_->geometry();
+  ASSIGN_OR_RETURN(std::vector<float> page_scores,
+                   scores_.AllPageScores(g.page_tokens, options_.tiering.page_score));
+  const tiering::Placement current = store_->placement();
+  v1::SubmitSnapshotRequest snapshot;
+  snapshot.set_sequence_id(sequence_id_);
+  snapshot.set_length(store_->Length(0));
+  snapshot.set_decode_step(step_);
+  snapshot.set_num_pages(current.num_pages);
+  snapshot.set_last_plan_version(acked_version_);
+  snapshot.mutable_page_scores()->Assign(page_scores.begin(), page_scores.end());
+  std::string tiers(current.tiers.size(), '\0');
+  for (size_t i = 0; i < tiers.size(); ++i) tiers[i] = static_cast<char>(current.tiers[i]);
+  snapshot.set_current_tiers(std::move(tiers));
+  ASSIGN_OR_RETURN(v1::TierPlan plan, client_->SubmitSnapshot(std::move(snapshot)));
+
+  const int n = plan.move_page_size();
+  if (plan.move_group_size() != n || static_cast<int>(plan.move_from().size()) != n ||
+      static_cast<int>(plan.move_to().size()) != n || plan.move_dst_slot_size() != n) {
+    (void)client_->AckPlan(sequence_id_, plan.plan_version(), false, "plan arrays differ");
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan ", plan.plan_version(), ": move arrays have different lengths"));
+  }
+  std::vector<tiering::Move> moves(n);
+  std::vector<SlotAssignment> slots(n);
+  for (int i = 0; i < n; ++i) {
+    moves[i] = {plan.move_group(i), plan.move_page(i), static_cast<Tier>(plan.move_from()[i]),
+                static_cast<Tier>(plan.move_to()[i])};
+    slots[i].dst_offset = plan.move_dst_slot(i);
+  }
+  absl::Status applied = store_->ApplyPlan(moves, slots);
+  RETURN_IF_ERROR(client_->AckPlan(sequence_id_, plan.plan_version(), applied.ok(),
+                                   std::string(applied.message())));
+  if (!applied.ok()) return applied;
+  acked_version_ = plan.plan_version();
+  ++report_.plans;
+  report_.degraded_plans += plan.degraded();
+  report_.protected_overflow_plans += plan.protected_overflow();
+  return scores_.FreezeEvicted(store_->placement(), g.page_tokens);
+}
+
+void TieredSequence::Account() {
+  const layout::KvGeometry& g = store_->geometry();
+  const uint64_t length = store_->Length(0);
+  tiering::SequenceState state{options_.prompt_tokens, length};
+  const tiering::Placement placement = store_->placement();
+  absl::StatusOr<tiering::PlacementReport> r = tiering::Report(placement, state, g);
+  if (!r.ok()) return;
+  report_.length = length;
+  for (int t = 0; t < tiering::kNumTiers; ++t) report_.tokens[t] = r->tokens[t];
+  report_.evicted_generated_fraction = r->evicted_generated_fraction;
+  report_.full_bytes = g.NumPages(length) * g.page_tokens * g.BytesPerToken();
+  report_.t0_bytes = r->t0_bytes;
+  report_.t0_peak_bytes = std::max(report_.t0_peak_bytes, r->t0_bytes);
+  ++passes_;
+  t0_sum_ += r->t0_bytes;
+  full_sum_ += report_.full_bytes;
+  report_.t0_mean_bytes = t0_sum_ / passes_;
+  report_.full_mean_bytes = full_sum_ / passes_;
+  report_.ddr_bytes = report_.compressed_bytes = 0;
+  for (uint32_t grp = 0; grp < g.layer_groups; ++grp) {
+    for (uint32_t page = 0; page < placement.num_pages; ++page) {
+      const Tier tier = placement.at(grp, page);
+      if (tier == Tier::kT1) report_.ddr_bytes += store_->SlotBytes(PoolKind::kDdr, grp);
+      if (tier == Tier::kT2) {
+        report_.compressed_bytes += store_->SlotBytes(PoolKind::kCompressed, grp);
+      }
+    }
+  }
+  const StoreStats& s = store_->stats();
+  auto moved = [&](Tier from, Tier to) {
+    return s.move_bytes[static_cast<int>(from)][static_cast<int>(to)];
+  };
+  report_.offload_bytes = moved(Tier::kT0, Tier::kT1);
+  report_.compress_bytes = moved(Tier::kT0, Tier::kT2) + moved(Tier::kT1, Tier::kT2);
+  report_.promote_bytes = moved(Tier::kT1, Tier::kT0) + moved(Tier::kT2, Tier::kT0);
+  report_.decompress_bytes = moved(Tier::kT2, Tier::kT1);
+}
+
+SequenceReport TieredSequence::Report() const { return report_; }
+
+}  // namespace kvtier::worker

@@ -1,0 +1,116 @@
+#ifndef KVTIER_WORKER_RUNTIME_TIERED_SEQUENCE_H_
+#define KVTIER_WORKER_RUNTIME_TIERED_SEQUENCE_H_
+
+// One sequence as an engine sees it: an AttentionCache that keeps cumulative scores from every
+// forward pass and re-tiers itself every Δ decode steps (and at prefill end), with plans from
+// kvtierd or from the same policy run locally. Public header of libkvtier_worker.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/tiering/config.h"
+#include "core/tiering/policy.h"
+#include "core/tiering/scores.h"
+#include "worker/attention_cache.h"
+#include "worker/tiered_kv_store.h"
+
+namespace kvtier {
+class WorkerClient;
+class PoolMapping;
+}  // namespace kvtier
+
+namespace kvtier::worker {
+
+// What a sequence cost and where its tokens lived, cumulative over its life. Bytes are of this
+// backend's KV precision (f32 on the CPU).
+struct SequenceReport {
+  uint64_t prompt_tokens = 0;
+  uint64_t length = 0;
+  uint64_t tokens[tiering::kNumTiers] = {};      // now, summed over layer groups
+  double evicted_generated_fraction = 0;         // cumulative evicted share of generated tokens
+  uint64_t full_bytes = 0;                       // what `full` would hold in T0 now
+  uint64_t t0_bytes = 0, t0_peak_bytes = 0;      // now and peak over the sequence's steps
+  double t0_mean_bytes = 0;                      // mean over forward passes
+  double full_mean_bytes = 0;                    // mean of full_bytes over the same passes
+  uint64_t ddr_bytes = 0, compressed_bytes = 0;  // held in T1 / T2 slots now
+  // Bytes moved, by direction: T0→T1, →T2, →T0, T2→T1.
+  uint64_t offload_bytes = 0, compress_bytes = 0, promote_bytes = 0, decompress_bytes = 0;
+  uint64_t plans = 0, degraded_plans = 0, local_plans = 0;
+  uint64_t protected_overflow_plans = 0;
+  uint64_t tier_nanos = 0;    // deciding and executing plans (incl. daemon round trips)
+  uint64_t attend_nanos = 0;  // attention over the tiers (incl. T2 staging)
+};
+
+struct SequenceOptions {
+  std::string policy = "hierarchy";  // full | hierarchy | streaming (h2o/rkv/arkv: eval only)
+  tiering::TieringConfig tiering;    // budgets, protected set, Δ (page_tokens: the worker's)
+  uint64_t prompt_tokens = 0;
+  std::string tag;  // shown by kvtierctl sequences
+};
+
+// Not thread-safe: one decode loop drives it. Created by WorkerRuntime.
+class TieredSequence final : public AttentionCache {
+ public:
+  ~TieredSequence() override;
+
+  uint32_t Length(uint32_t layer) const override { return store_->Length(layer); }
+  absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
+  // Attends and accumulates scores; after the last layer of a forward pass the step ends, and
+  // on a re-tiering step the sequence re-tiers before returning.
+  absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
+                      float* position_mass) override;
+
+  // Re-tiers now, whatever the step (tests, and the end of a prefill done elsewhere).
+  absl::Status Retier();
+  SequenceReport Report() const;
+  const TieredKvStore& store() const { return *store_; }
+  const tiering::ScoreAccumulator& scores() const { return scores_; }
+  // False once the daemon that granted this sequence's slots is gone (restart, lease lost):
+  // the sequence then plans locally, makes no new offloads and keeps what it holds.
+  bool daemon_backed() const { return client_ != nullptr && !orphaned_; }
+
+ private:
+  friend class WorkerRuntime;
+  struct Local {
+    SlotSource* slots = nullptr;
+  };
+  TieredSequence(SequenceOptions options, std::unique_ptr<TieredKvStore> store,
+                 tiering::ScoreAccumulator scores, std::unique_ptr<tiering::Policy> policy);
+
+  absl::Status EndForwardPass(uint32_t n);
+  absl::Status RetierLocal(bool allow_offloads);
+  absl::Status RetierWithDaemon();
+  absl::StatusOr<tiering::Placement> LocalTarget(const std::vector<float>& page_scores,
+                                                 bool allow_offloads);
+  void Account();
+  void ReleaseHeldSlots();
+
+  SequenceOptions options_;
+  std::unique_ptr<TieredKvStore> store_;
+  tiering::ScoreAccumulator scores_;
+  std::unique_ptr<tiering::Policy> policy_;
+  std::vector<std::vector<float>> layer_mass_;  // [layer][position], this forward pass
+  uint64_t step_ = 0;                           // decode steps since prefill; 0 = prefill end
+  bool prefilled_ = false;
+  // Local mode.
+  Local local_;
+  // Daemon mode.
+  WorkerClient* client_ = nullptr;
+  uint64_t sequence_id_ = 0;
+  uint64_t generation_ = 0;
+  uint64_t acked_version_ = 0;
+  bool orphaned_ = false;
+  std::shared_ptr<PoolMapping> ddr_mapping_, compressed_mapping_;  // keep old pools mapped
+  std::unique_ptr<PagePool> ddr_pool_, compressed_pool_;
+  // Report.
+  SequenceReport report_;
+  uint64_t passes_ = 0;
+  double t0_sum_ = 0, full_sum_ = 0;
+};
+
+}  // namespace kvtier::worker
+
+#endif  // KVTIER_WORKER_RUNTIME_TIERED_SEQUENCE_H_

@@ -1,0 +1,143 @@
+#include "worker/runtime/worker_runtime.h"
+
+#include <unistd.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
+#include "kvtier/client.h"
+
+namespace kvtier::worker {
+
+WorkerRuntime::WorkerRuntime(const RuntimeOptions& options, layout::KvGeometry geometry)
+    : options_(options),
+      geometry_(geometry),
+      arena_(std::make_unique<HostArena>(options.arena_bytes)) {}
+
+WorkerRuntime::~WorkerRuntime() = default;
+
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
+    const RuntimeOptions& options) {
+  const AttentionShape& a = options.attention;
+  layout::KvGeometry geometry{.num_layers = a.num_layers,
+                              .num_kv_heads = a.num_kv_heads,
+                              .head_dim = a.head_dim,
+                              .element_bytes = 4,
+                              .page_tokens = options.page_tokens,
+                              .layer_groups = options.layer_groups};
+  RETURN_IF_ERROR(geometry.Validate());
+  ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
+  auto runtime = std::unique_ptr<WorkerRuntime>(new WorkerRuntime(options, geometry));
+  if (options.daemon_address.empty()) {
+    RETURN_IF_ERROR(runtime->EnsureLocalPools());
+    return runtime;
+  }
+  ClientOptions client;
+  client.address = options.daemon_address;
+  v1::RegisterWorkerRequest& r = client.registration;
+  r.set_worker_name(absl::StrCat(options.worker_name, "-", getpid()));
+  v1::ModelGeometry* g = r.mutable_geometry();
+  g->set_num_layers(geometry.num_layers);
+  g->set_num_kv_heads(geometry.num_kv_heads);
+  g->set_head_dim(geometry.head_dim);
+  g->set_element_bytes(geometry.element_bytes);
+  g->set_page_tokens(geometry.page_tokens);
+  g->set_layer_groups(geometry.layer_groups);
+  g->set_model_name(options.worker_name);
+  r.mutable_gpu()->set_name("cpu");
+  r.set_hbm_budget_bytes(options.arena_bytes);
+  uint64_t t1 = 0, t2 = 0;
+  for (uint32_t grp = 0; grp < geometry.layer_groups; ++grp) {
+    t1 = std::max(t1, DdrSlotBytes(geometry, grp));
+    t2 = std::max(t2, CompressedSlotBytes(*codec, geometry, grp));
+  }
+  r.set_t1_page_bytes(t1);
+  r.set_t2_page_bytes(t2);
+  absl::StatusOr<std::unique_ptr<WorkerClient>> connected = WorkerClient::Connect(client);
+  if (!connected.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach kvtierd at ", options.daemon_address,
+                                               ": ", connected.status().message()));
+  }
+  runtime->client_ = *std::move(connected);
+  return runtime;
+}
+
+absl::Status WorkerRuntime::EnsureLocalPools() {
+  ASSIGN_OR_RETURN(local_ddr_, HostPagePool::Create(PoolKind::kDdr, options_.local_ddr_bytes));
+  ASSIGN_OR_RETURN(local_compressed_,
+                   HostPagePool::Create(PoolKind::kCompressed, options_.local_compressed_bytes));
+  local_slots_ = std::make_unique<LocalSlotAllocator>(std::vector<LocalSlotAllocator::PoolSpec>{
+      {PoolKind::kDdr, options_.local_ddr_bytes},
+      {PoolKind::kCompressed, options_.local_compressed_bytes}});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
+    const SequenceOptions& options) {
+  tiering::TieringConfig config = options.tiering;
+  config.page_tokens = geometry_.page_tokens;
+  RETURN_IF_ERROR(config.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<tiering::Policy> policy,
+                   tiering::MakePolicy(options.policy, config));
+  if (policy->NeedsWorkerState()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy \"", options.policy,
+        "\" needs per-head state: it runs in the evaluation (kvtier-run eval), not here"));
+  }
+  ASSIGN_OR_RETURN(
+      tiering::ScoreAccumulator scores,
+      tiering::ScoreAccumulator::Create(geometry_.num_layers, options_.attention.num_q_heads,
+                                        geometry_.layer_groups));
+  TieredKvStoreOptions store_options{.geometry = geometry_,
+                                     .num_q_heads = options_.attention.num_q_heads,
+                                     .scale = options_.attention.scale,
+                                     .codec = options_.codec,
+                                     .portable_kernel = options_.portable_kernel};
+  SequenceOptions seq_options = options;
+  seq_options.tiering = config;
+
+  if (client_ == nullptr) {
+    ASSIGN_OR_RETURN(auto store,
+                     TieredKvStore::Create(
+                         store_options, {arena_.get(), local_ddr_.get(), local_compressed_.get()}));
+    auto seq = std::unique_ptr<TieredSequence>(
+        new TieredSequence(seq_options, std::move(store), std::move(scores), std::move(policy)));
+    seq->local_.slots = local_slots_.get();
+    return seq;
+  }
+  v1::PolicyConfig wire;
+  wire.set_name(options.policy);
+  wire.set_hbm_ratio(config.budgets.hbm_ratio);
+  wire.set_evict_ratio(config.budgets.evict_ratio);
+  wire.set_compress_ratio(config.budgets.compress_ratio);
+  wire.set_sink_tokens(config.sink_tokens);
+  wire.set_window_tokens(config.window_tokens);
+  wire.set_protect_prompt(config.protect_prompt);
+  wire.set_page_score_max(config.page_score == tiering::kMax);
+  const uint64_t generation = client_->generation();
+  std::shared_ptr<PoolMapping> ddr = client_->pool(v1::POOL_KIND_DDR);
+  std::shared_ptr<PoolMapping> compressed = client_->pool(v1::POOL_KIND_COMPRESSED);
+  if (ddr == nullptr || compressed == nullptr) {
+    return absl::UnavailableError("kvtierd gave no pools; is it running?");
+  }
+  auto ddr_pool =
+      std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes());
+  auto compressed_pool = std::make_unique<ExternalPagePool>(
+      PoolKind::kCompressed, compressed->data(), compressed->data_bytes());
+  ASSIGN_OR_RETURN(auto store, TieredKvStore::Create(store_options, {arena_.get(), ddr_pool.get(),
+                                                                     compressed_pool.get()}));
+  ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options.prompt_tokens, wire, options.tag));
+  auto seq = std::unique_ptr<TieredSequence>(
+      new TieredSequence(seq_options, std::move(store), std::move(scores), std::move(policy)));
+  seq->client_ = client_.get();
+  seq->sequence_id_ = id;
+  seq->generation_ = generation;
+  seq->ddr_mapping_ = std::move(ddr);
+  seq->compressed_mapping_ = std::move(compressed);
+  seq->ddr_pool_ = std::move(ddr_pool);
+  seq->compressed_pool_ = std::move(compressed_pool);
+  return seq;
+}
+
+}  // namespace kvtier::worker

@@ -1,0 +1,73 @@
+#ifndef KVTIER_WORKER_RUNTIME_WORKER_RUNTIME_H_
+#define KVTIER_WORKER_RUNTIME_WORKER_RUNTIME_H_
+
+// libkvtier_worker's entry point: the memory every sequence of a worker process shares (the T0
+// arena; the daemon's pools or local ones) and the factory of TieredSequences.
+//
+//   auto runtime = WorkerRuntime::Create({.attention = shape, .daemon_address = "unix:..."});
+//   auto seq = (*runtime)->Open({.policy = "hierarchy", .prompt_tokens = n});
+//   engine.Prefill(prompt, **seq); ... engine.Decode(**seq) ...;  // re-tiers on its own
+//   (*seq)->Report();
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/attention_cache.h"
+#include "worker/device_arena.h"
+#include "worker/page_pool.h"
+#include "worker/runtime/tiered_sequence.h"
+
+namespace kvtier {
+class WorkerClient;
+}
+
+namespace kvtier::worker {
+
+struct RuntimeOptions {
+  AttentionShape attention;  // the model's attention (layers, heads, head_dim)
+  uint32_t page_tokens = 16;
+  uint32_t layer_groups = 1;
+  std::string codec = "int8_kivi";  // T2 codec (worker/codecs)
+  // "" = local mode (pools in this process); else kvtierd's address ("unix:/run/kvtier/...").
+  std::string daemon_address;
+  std::string worker_name = "kvtier-worker";
+  uint64_t arena_bytes = 8ull << 30;  // T0 budget of the CPU backend's host arena
+  uint64_t local_ddr_bytes = 2ull << 30;
+  uint64_t local_compressed_bytes = 1ull << 30;
+  bool portable_kernel = false;  // force the portable attention kernel
+};
+
+// Thread-safe: sequences may be opened from several threads; each sequence is single-threaded.
+class WorkerRuntime {
+ public:
+  // Daemon mode registers with kvtierd (UNAVAILABLE, with the address, when it cannot be
+  // reached); local mode allocates the pools lazily.
+  static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(const RuntimeOptions& options);
+  ~WorkerRuntime();
+
+  // A new sequence. INVALID_ARGUMENT naming the field for an unknown policy or bad budgets;
+  // in daemon mode the daemon validates them too.
+  absl::StatusOr<std::unique_ptr<TieredSequence>> Open(const SequenceOptions& options);
+
+  bool daemon_mode() const { return client_ != nullptr; }
+  WorkerClient* client() const { return client_.get(); }
+  const layout::KvGeometry& geometry() const { return geometry_; }
+  const HostArena& arena() const { return *arena_; }
+
+ private:
+  WorkerRuntime(const RuntimeOptions& options, layout::KvGeometry geometry);
+  absl::Status EnsureLocalPools();
+
+  RuntimeOptions options_;
+  layout::KvGeometry geometry_;
+  std::unique_ptr<HostArena> arena_;
+  std::unique_ptr<WorkerClient> client_;
+  std::unique_ptr<HostPagePool> local_ddr_, local_compressed_;
+  std::unique_ptr<LocalSlotAllocator> local_slots_;
+};
+
+}  // namespace kvtier::worker
+
+#endif  // KVTIER_WORKER_RUNTIME_WORKER_RUNTIME_H_
