@@ -3,6 +3,8 @@
 //
 //   build/bin/engine_bench --benchmark_counters_tabular=true
 
+#include <time.h>
+
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -32,18 +34,30 @@ std::vector<int32_t> Tokens(size_t n) {
   return t;
 }
 
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 // Prompt of range(1) tokens, fresh cache per iteration.
 void BM_Prefill(benchmark::State& state) {
   Model* model = GetModel(static_cast<int>(state.range(0)));
   if (model == nullptr) return state.SkipWithError("model missing: run scripts/install-deps");
   const auto tokens = Tokens(state.range(1));
   std::vector<float> logits;
+  double cpu = 0;
   for (auto _ : state) {
     DenseAttentionCache cache(model->attention_shape());
+    const double t0 = ThreadCpuSeconds();
     if (!model->Prefill(tokens, cache, &logits).ok()) state.SkipWithError("prefill failed");
+    cpu += ThreadCpuSeconds() - t0;
   }
   state.counters["tok/s"] =
       benchmark::Counter(double(tokens.size()) * state.iterations(), benchmark::Counter::kIsRate);
+  // Tokens per CPU-second of the calling thread: with 1 thread, about the throughput of an idle
+  // core even when other processes share the host.
+  state.counters["tok/cpu_s"] = double(tokens.size()) * state.iterations() / cpu;
 }
 
 // One decode step per iteration for a batch of range(1) sequences, each with a 64-token prompt
@@ -63,6 +77,7 @@ void BM_Decode(benchmark::State& state) {
   };
   reset();
   int steps = 0;
+  double cpu = 0;
   for (auto _ : state) {
     if (++steps % 128 == 0) {
       state.PauseTiming();
@@ -73,10 +88,13 @@ void BM_Decode(benchmark::State& state) {
     for (size_t s = 0; s < batch; ++s) {
       reqs.push_back({Sampler::Argmax(logits[s]), caches[s].get(), &logits[s]});
     }
+    const double t0 = ThreadCpuSeconds();
     if (!model->Decode(reqs).ok()) state.SkipWithError("decode failed");
+    cpu += ThreadCpuSeconds() - t0;
   }
   state.counters["tok/s"] =
       benchmark::Counter(double(batch) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["tok/cpu_s"] = double(batch) * state.iterations() / cpu;
 }
 
 // One 1536×576 Q4_1 matrix-vector product (ffn_up), single thread; range(0): 0 scalar, 1 best.

@@ -23,19 +23,22 @@ DECODE = 64
 def llama_cpp(model, threads, reps):
     llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=512,
                 n_batch=512, verbose=False)
-    pre, dec = [], []
+    pre, dec, pre_cpu, dec_cpu = [], [], [], []
     for _ in range(reps):
         llm.reset()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         llm.eval(PROMPT)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         for _ in range(DECODE):
             logits = llm.scores[llm.n_tokens - 1]
             llm.eval([int(logits.argmax())])
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         pre.append(len(PROMPT) / (t1 - t0))
         dec.append(DECODE / (t2 - t1))
-    return statistics.median(pre), statistics.median(dec)
+        pre_cpu.append(len(PROMPT) / (c1 - c0))
+        dec_cpu.append(DECODE / (c2 - c1))
+    med = statistics.median
+    return med(pre), med(dec), med(pre_cpu), med(dec_cpu)
 
 
 def engine(bench, threads):
@@ -47,8 +50,10 @@ def engine(bench, threads):
     res = {}
     for b in json.loads(out)["benchmarks"]:
         if b.get("aggregate_name") == "median":
-            res["prefill" if "Prefill" in b["name"] else "decode"] = b["tok/s"]
-    return res["prefill"], res["decode"]
+            kind = "prefill" if "Prefill" in b["name"] else "decode"
+            res[kind] = b["tok/s"]
+            res[kind + "_cpu"] = b["tok/cpu_s"]
+    return res["prefill"], res["decode"], res["prefill_cpu"], res["decode_cpu"]
 
 
 def main():
@@ -59,13 +64,19 @@ def main():
     ap.add_argument("--bench", default="build/bin/engine_bench")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    print(f"{'threads':>7} {'engine':>8} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    # tok/cpu-s: tokens per CPU-second of the calling thread. With 1 thread both engines compute
+    # on that thread, so it is the idle-core throughput even on a busy host; with 2 threads it
+    # only counts the caller's share and is not comparable.
+    print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'threads':>7} {'engine':>9} {'prefill tok/s':>14} {'decode tok/s':>13} "
+          f"{'prefill tok/cpu-s':>18} {'decode tok/cpu-s':>17}")
     for threads in (1, 2):
-        ep, ed = engine(args.bench, threads)
-        lp, ld = llama_cpp(args.model, threads, args.reps)
-        print(f"{threads:>7} {'kvtier':>8} {ep:14.1f} {ed:13.1f}")
-        print(f"{threads:>7} {'llama.cpp':>8} {lp:14.1f} {ld:13.1f}")
-        print(f"{threads:>7} {'ratio':>8} {ep / lp:14.2f} {ed / ld:13.2f}")
+        e = engine(args.bench, threads)
+        l = llama_cpp(args.model, threads, args.reps)
+        for name, r in (("kvtier", e), ("llama.cpp", l), ("ratio", [a / b for a, b in zip(e, l)])):
+            fmt = "{:14.2f} {:13.2f} {:18.2f} {:17.2f}" if name == "ratio" else \
+                "{:14.1f} {:13.1f} {:18.1f} {:17.1f}"
+            print(f"{threads:>7} {name:>9} " + fmt.format(*r))
 
 
 if __name__ == "__main__":

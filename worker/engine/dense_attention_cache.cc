@@ -64,42 +64,52 @@ absl::Status DenseAttentionCache::Attend(uint32_t layer, const float* q, uint32_
   const float* kbase = k_[layer].data();
   const float* vbase = v_[layer].data();
   const VecDotFn dot = GetVecDot(GgmlType::kF32, isa_);
-  // Softmax weights per (query, head), kept for position_mass: [n][hq][len].
-  std::vector<float> weights(position_mass != nullptr ? size_t{n} * hq * len : 0);
+  const AxpyFn axpy = GetAxpy(isa_);
+  const size_t items = size_t{n} * hq;
+  // Softmax statistics per (query, head), kept for position_mass: max score and 1/Σexp.
+  std::vector<float> row_max(items), row_inv(items);
+  auto score = [&](size_t item, uint32_t j) {
+    const uint32_t i = static_cast<uint32_t>(item / hq), h = static_cast<uint32_t>(item % hq);
+    return shape_.scale *
+           dot(kbase + (size_t{j} * hkv + h / group) * d, q + (size_t{i} * hq + h) * d, d);
+  };
   auto run = [&](size_t begin, size_t end) {
     std::vector<float> w(len);
     for (size_t item = begin; item < end; ++item) {
       const uint32_t i = static_cast<uint32_t>(item / hq), h = static_cast<uint32_t>(item % hq);
       const uint32_t p = len - n + i, kvh = h / group;
-      const float* qv = q + (size_t{i} * hq + h) * d;
       float mx = -INFINITY;
-      for (uint32_t j = 0; j <= p; ++j) {
-        w[j] = shape_.scale * dot(kbase + (size_t{j} * hkv + kvh) * d, qv, d);
-        mx = std::max(mx, w[j]);
-      }
+      for (uint32_t j = 0; j <= p; ++j) mx = std::max(mx, w[j] = score(item, j));
       float sum = 0;
       for (uint32_t j = 0; j <= p; ++j) sum += (w[j] = std::exp(w[j] - mx));
       const float inv = 1.f / sum;
-      float* o = out + (size_t{i} * hq + h) * d;
+      row_max[item] = mx;
+      row_inv[item] = inv;
+      float* o = out + item * d;
       std::fill(o, o + d, 0.f);
       for (uint32_t j = 0; j <= p; ++j) {
-        const float wj = w[j] * inv;
-        const float* vv = vbase + (size_t{j} * hkv + kvh) * d;
-        for (uint32_t c = 0; c < d; ++c) o[c] += wj * vv[c];
-        if (!weights.empty()) weights[item * len + j] = wj;
+        axpy(w[j] * inv, vbase + (size_t{j} * hkv + kvh) * d, o, d);
       }
     }
   };
-  if (pool_ != nullptr) {
-    pool_->ParallelFor(size_t{n} * hq, run);
-  } else {
-    run(0, size_t{n} * hq);
-  }
-  if (position_mass != nullptr) {
-    std::fill(position_mass, position_mass + len, 0.f);
-    for (size_t item = 0; item < size_t{n} * hq; ++item) {
-      for (uint32_t j = 0; j < len; ++j) position_mass[j] += weights[item * len + j];
+  // position_mass[j] = Σ over (query, head) in order of the same weights (recomputed from the
+  // saved statistics, so memory stays O(n·heads + len) and the sum order is fixed).
+  auto mass = [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end; ++j) {
+      float m = 0;
+      const size_t first_query = j + n > len ? j + n - len : 0;  // queries with p >= j
+      for (size_t item = first_query * hq; item < items; ++item) {
+        m += std::exp(score(item, static_cast<uint32_t>(j)) - row_max[item]) * row_inv[item];
+      }
+      position_mass[j] = m;
     }
+  };
+  if (pool_ != nullptr) {
+    pool_->ParallelFor(items, run);
+    if (position_mass != nullptr) pool_->ParallelFor(len, mass, 16);
+  } else {
+    run(0, items);
+    if (position_mass != nullptr) mass(0, len);
   }
   return absl::OkStatus();
 }

@@ -82,6 +82,10 @@ class Model {
 
   // One token for each of several sequences, batched through the weights once. Each request
   // must have its own cache.
+  //
+  // Both calls validate their input before touching any cache; if a cache itself fails later
+  // (e.g. RESOURCE_EXHAUSTED from Append), caches may hold part of the pass and the sequence
+  // should be discarded.
   absl::Status Decode(std::span<const DecodeRequest> batch);
 
  private:

@@ -69,6 +69,10 @@ void DequantQ6_KBlock(const BlockQ6_K& b, float* y) {
 
 // ---- scalar dot products ----
 
+void AxpyScalar(float a, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 float DotF32Scalar(const void* row, const float* x, size_t n) {
   const float* w = static_cast<const float*>(row);
   float s = 0;
@@ -227,6 +231,71 @@ KVTIER_AVX2 float DotQ8_0Avx2(const void* row, const float* x, size_t n) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), p, acc);
   }
   return HSum(acc);
+}
+
+KVTIER_AVX2 void AxpyAvx2(float a, const float* x, float* y, size_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// Q4_1 · x with the activation's per-block sums precomputed (BlockSums): the m·Σx term needs
+// one scalar fma per block instead of three vector adds and a vector fma.
+KVTIER_AVX2 inline __m256 Q4Block(const uint8_t* qs, const float* x) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(bytes, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  __m256 p = _mm256_mul_ps(U8ToPs(lo), _mm256_loadu_ps(x));
+  p = _mm256_fmadd_ps(U8ToPs(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), p);
+  p = _mm256_fmadd_ps(U8ToPs(hi), _mm256_loadu_ps(x + 16), p);
+  return _mm256_fmadd_ps(U8ToPs(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), p);
+}
+
+KVTIER_AVX2 float DotQ4_1SumsAvx2(const void* row, const float* x, const float* sums, size_t n) {
+  const BlockQ4_1* b = static_cast<const BlockQ4_1*>(row);
+  __m256 acc = _mm256_setzero_ps();
+  float m0 = 0, m1 = 0;
+  for (size_t i = 0; i < n / 32; ++i) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), Q4Block(b[i].qs, x + i * 32), acc);
+    float& m = (i & 1) ? m1 : m0;
+    m = std::fma(HalfToFloat(b[i].m), sums[i], m);
+  }
+  return HSum(acc) + (m0 + m1);
+}
+
+// Four rows, bit-identical per row to DotQ4_1SumsAvx2 (same operations in the same order).
+KVTIER_AVX2 void DotQ4_1x4SumsAvx2(const void* row, const float* x, const float* sums,
+                                   size_t stride, size_t n, float* out) {
+  const BlockQ4_1* b = static_cast<const BlockQ4_1*>(row);
+  const size_t nb = n / 32;
+  __m256 acc[4];
+  float m0[4] = {0, 0, 0, 0}, m1[4] = {0, 0, 0, 0};
+  for (int t = 0; t < 4; ++t) acc[t] = _mm256_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (size_t i = 0; i < nb; ++i) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
+    const __m128i lo = _mm_and_si128(bytes, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m256 q0 = U8ToPs(lo), q1 = U8ToPs(_mm_srli_si128(lo, 8));
+    const __m256 q2 = U8ToPs(hi), q3 = U8ToPs(_mm_srli_si128(hi, 8));
+    const __m256 d = _mm256_set1_ps(HalfToFloat(b[i].d));
+    const float m = HalfToFloat(b[i].m);
+    for (int t = 0; t < 4; ++t) {
+      const float* xt = x + t * stride + i * 32;
+      __m256 p = _mm256_mul_ps(q0, _mm256_loadu_ps(xt));
+      p = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xt + 8), p);
+      p = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xt + 16), p);
+      p = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xt + 24), p);
+      acc[t] = _mm256_fmadd_ps(d, p, acc[t]);
+      float& mt = (i & 1) ? m1[t] : m0[t];
+      mt = std::fma(m, sums[t * nb + i], mt);
+    }
+  }
+  for (int t = 0; t < 4; ++t) out[t] = HSum(acc[t]) + (m0[t] + m1[t]);
 }
 
 // Four activation rows at once against one weight row: the block is unpacked once. Per row the
@@ -490,6 +559,35 @@ VecDotFn GetVecDot(GgmlType type, KernelIsa isa) {
       return DotQ6_KScalar;
   }
   return DotF32Scalar;
+}
+
+void BlockSums(const float* x, size_t n, float* sums) {
+  for (size_t b = 0; b < n / 32; ++b) {
+    float s = 0;
+    for (int j = 0; j < 32; ++j) s += x[b * 32 + j];
+    sums[b] = s;
+  }
+}
+
+VecDotSumsFn GetVecDotSums(GgmlType type, KernelIsa isa) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx2 && type == GgmlType::kQ4_1) return DotQ4_1SumsAvx2;
+#endif
+  return nullptr;
+}
+
+VecDot4SumsFn GetVecDot4Sums(GgmlType type, KernelIsa isa) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx2 && type == GgmlType::kQ4_1) return DotQ4_1x4SumsAvx2;
+#endif
+  return nullptr;
+}
+
+AxpyFn GetAxpy(KernelIsa isa) {
+#if defined(__x86_64__)
+  if (isa == KernelIsa::kAvx2) return AxpyAvx2;
+#endif
+  return AxpyScalar;
 }
 
 VecDot4Fn GetVecDot4(GgmlType type, KernelIsa isa) {

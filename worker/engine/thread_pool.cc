@@ -32,7 +32,9 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::RunChunks(uint32_t gen) {
   uint64_t t = ticket_.load(std::memory_order_acquire);
   while (true) {
-    if ((t >> 32) != gen || (t & 0xFFFFFFFF) >= num_chunks_) return;
+    if ((t >> 32) != gen || (t & 0xFFFFFFFF) >= num_chunks_.load(std::memory_order_relaxed)) {
+      return;
+    }
     if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
     const size_t c = t & 0xFFFFFFFF;
     const size_t begin = c * chunk_, end = std::min(n_, begin + chunk_);
@@ -53,7 +55,8 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
   const size_t parts = num_threads() * kChunksPerThread;
   const size_t units = (n + grain - 1) / grain;
   chunk_ = (units + parts - 1) / parts * grain;
-  num_chunks_ = (n + chunk_ - 1) / chunk_;
+  const size_t num_chunks = (n + chunk_ - 1) / chunk_;
+  num_chunks_.store(num_chunks, std::memory_order_relaxed);
   fn_ = &fn;
   n_ = n;
   done_.store(0, std::memory_order_relaxed);
@@ -67,7 +70,7 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
   cv_.notify_all();
   RunChunks(gen);
   int spins = 0;
-  while (done_.load(std::memory_order_acquire) != num_chunks_) {
+  while (done_.load(std::memory_order_acquire) != num_chunks) {
     if (++spins < kSpinIterations) {
       KVTIER_CPU_RELAX();
     } else {

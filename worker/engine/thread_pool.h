@@ -54,7 +54,8 @@ class ThreadPool {
   const std::function<void(size_t, size_t)>* fn_ = nullptr;
   size_t n_ = 0;
   size_t chunk_ = 1;
-  size_t num_chunks_ = 0;
+  // Read before claiming (by workers that may hold a stale ticket), hence atomic.
+  std::atomic<size_t> num_chunks_{0};
 };
 
 }  // namespace kvtier::engine

@@ -107,6 +107,22 @@ TEST(DenseAttentionCacheTest, QueriesNeverSeeLaterPositions) {
   for (int c = 0; c < 32; ++c) EXPECT_EQ(out1[c], out4[2 * 32 + c]);
 }
 
+TEST(DenseAttentionCacheTest, ThreadPoolDoesNotChangeOutputOrMass) {
+  std::mt19937 rng(3);
+  const auto shape = Shape(1, 9, 3, 64);
+  ThreadPool pool(2);
+  DenseAttentionCache a(shape), b(shape, &pool);
+  const uint32_t n = 37;
+  auto k = Random(n * 3 * 64, rng), v = Random(n * 3 * 64, rng), q = Random(n * 9 * 64, rng);
+  ASSERT_TRUE(a.Append(0, k.data(), v.data(), n).ok());
+  ASSERT_TRUE(b.Append(0, k.data(), v.data(), n).ok());
+  std::vector<float> oa(q.size()), ob(q.size()), ma(n), mb(n);
+  ASSERT_TRUE(a.Attend(0, q.data(), n, oa.data(), ma.data()).ok());
+  ASSERT_TRUE(b.Attend(0, q.data(), n, ob.data(), mb.data()).ok());
+  EXPECT_EQ(oa, ob);
+  EXPECT_EQ(ma, mb);
+}
+
 TEST(DenseAttentionCacheTest, RejectsBadArguments) {
   DenseAttentionCache cache(Shape(2, 4, 2, 8), nullptr, /*max_positions=*/3);
   std::vector<float> kv(4 * 2 * 8), q(4 * 4 * 8), out(q.size());

@@ -216,6 +216,42 @@ INSTANTIATE_TEST_SUITE_P(
                                          GgmlType::kQ6_K),
                        ::testing::Values(KernelIsa::kScalar, KernelIsa::kAvx2)));
 
+TEST(VecDotSumsTest, MatchesThePlainKernelAndIsBitIdenticalAcrossRowCounts) {
+  if (DetectKernelIsa() != KernelIsa::kAvx2) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(9);
+  VecDotSumsFn dot = GetVecDotSums(GgmlType::kQ4_1, KernelIsa::kAvx2);
+  VecDot4SumsFn dot4 = GetVecDot4Sums(GgmlType::kQ4_1, KernelIsa::kAvx2);
+  ASSERT_NE(dot, nullptr);
+  ASSERT_NE(dot4, nullptr);
+  EXPECT_EQ(GetVecDotSums(GgmlType::kQ4_1, KernelIsa::kScalar), nullptr);
+  EXPECT_EQ(GetVecDotSums(GgmlType::kQ8_0, KernelIsa::kAvx2), nullptr);
+  VecDotFn plain = GetVecDot(GgmlType::kQ4_1, KernelIsa::kScalar);
+  for (size_t n : {32u, 576u, 1536u}) {
+    std::vector<uint8_t> row = RandomRow(GgmlType::kQ4_1, n, rng);
+    std::vector<float> x = RandomVector(4 * n, rng), sums(4 * n / 32);
+    for (int t = 0; t < 4; ++t) BlockSums(x.data() + t * n, n, sums.data() + t * n / 32);
+    float out[4];
+    dot4(row.data(), x.data(), sums.data(), n, n, out);
+    for (int t = 0; t < 4; ++t) {
+      const float one = dot(row.data(), x.data() + t * n, sums.data() + t * n / 32, n);
+      EXPECT_EQ(one, out[t]) << "n=" << n << " t=" << t;
+      const float ref = plain(row.data(), x.data() + t * n, n);
+      EXPECT_NEAR(one, ref, 1e-4f * (1 + std::fabs(ref))) << "n=" << n;
+    }
+  }
+}
+
+TEST(AxpyTest, VectorAndScalarMatchAPlainLoop) {
+  std::mt19937 rng(8);
+  for (KernelIsa isa : {KernelIsa::kScalar, DetectKernelIsa()}) {
+    for (size_t n : {1u, 7u, 8u, 64u, 67u}) {
+      auto x = RandomVector(n, rng), y = RandomVector(n, rng), ref = y;
+      GetAxpy(isa)(0.37f, x.data(), y.data(), n);
+      for (size_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], ref[i] + 0.37f * x[i], 1e-6f) << n;
+    }
+  }
+}
+
 TEST(ThreadPoolTest, ParallelForCoversEveryIndexOnce) {
   std::mt19937 rng(5);
   for (int threads : {1, 2, 3}) {
