@@ -13,6 +13,7 @@ namespace kvtier::engine {
 namespace {
 constexpr int kSpinIterations = 2000;  // a few microseconds before yielding or sleeping
 constexpr size_t kChunksPerThread = 4;
+constexpr uint64_t kTicketClosed = 0xFFFFFFFF;  // chunk index no call reaches
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -52,6 +53,10 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
     fn(0, n);
     return;
   }
+  // Close the previous call's ticket before touching this call's parameters: a worker that
+  // still holds a stale ticket from it must fail its claim rather than run one of this call's
+  // chunks (done_ would then overshoot num_chunks and this call would never return).
+  ticket_.store(ticket_.load(std::memory_order_relaxed) | kTicketClosed, std::memory_order_release);
   const size_t parts = num_threads() * kChunksPerThread;
   const size_t units = (n + grain - 1) / grain;
   chunk_ = (units + parts - 1) / parts * grain;
