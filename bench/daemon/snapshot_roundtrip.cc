@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -62,10 +63,16 @@ std::unique_ptr<WorkerClient> Connect(const std::string& address, int index) {
 }
 
 // One worker's sequences: snapshot, ack, repeat, until `stop`; waits `period` between offers.
+// `stable`: each page has a fixed importance (heavy-tailed) and every step adds it with ±20%
+// noise, as cumulative attention behaves in decoding; rankings drift slowly, so plans are small.
+// Otherwise every page gains a fresh uniform amount each step: worst-case churn.
 void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Duration period,
-               absl::Time stop, Sample* out, int seed) {
+               absl::Time stop, Sample* out, int seed, bool stable) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(0, 1);
+  std::uniform_real_distribution<float> noise(0.8f, 1.2f);
+  std::vector<float> importance(pages);
+  for (float& w : importance) w = std::pow(u(rng), 4.f);
   struct Seq {
     uint64_t id, acked = 0;
     std::string tiers;
@@ -91,7 +98,7 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     snap.set_last_plan_version(s.acked);
     snap.set_current_tiers(s.tiers);
     for (uint32_t p = 0; p < pages; ++p) {
-      if (s.tiers[p] != 3) s.scores[p] += u(rng);
+      if (s.tiers[p] != 3) s.scores[p] += stable ? importance[p] * noise(rng) : u(rng);
       snap.add_page_scores(s.scores[p]);
     }
     absl::Time t0 = absl::Now();
@@ -120,13 +127,13 @@ uint64_t RssKiB(pid_t pid) {
 }
 
 Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequences, uint32_t pages,
-           absl::Duration period, absl::Duration length) {
+           absl::Duration period, absl::Duration length, bool stable) {
   std::vector<Sample> samples(clients.size());
   std::vector<std::thread> threads;
   absl::Time stop = absl::Now() + length;
   for (size_t w = 0; w < clients.size(); ++w) {
     threads.emplace_back(RunWorker, clients[w].get(), sequences, pages, period, stop, &samples[w],
-                         static_cast<int>(w));
+                         static_cast<int>(w), stable);
   }
   for (auto& t : threads) t.join();
   Sample all;
@@ -154,11 +161,15 @@ int main(int argc, char** argv) {
   double seconds = 3;
   double period_ms = 10;
   int sequences = 8;
+  std::string scores = "stable";
   app.add_option("--workers", workers_list, "Comma-separated worker counts")->capture_default_str();
   app.add_option("--pages", pages, "Pages per snapshot")->capture_default_str();
   app.add_option("--sequences", sequences, "Sequences per worker")->capture_default_str();
   app.add_option("--seconds", seconds, "Seconds per measurement")->capture_default_str();
   app.add_option("--period-ms", period_ms, "Open-loop period per worker")->capture_default_str();
+  app.add_option("--scores", scores, "stable (decoding-like) | random (worst-case churn)")
+      ->check(CLI::IsMember({"stable", "random"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto daemon =
@@ -177,7 +188,7 @@ int main(int argc, char** argv) {
     double baseline = StatusRoundTripUs(clients[0].get(), 500);
     for (bool open_loop : {true, false}) {
       auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
-      Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds));
+      Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds), scores == "stable");
       double p50 = Percentile(s.latencies_us, 0.5);
       std::printf("| %d | %s | %.0f | %.0f | %.0f | %.0f | %.1fx | %.1f |\n", n,
                   open_loop ? absl::StrCat("open ", period_ms, " ms").c_str() : "closed",
