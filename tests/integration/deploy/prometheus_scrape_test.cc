@@ -73,19 +73,8 @@ absl::StatusOr<std::string> ScrapeConfig(int metrics_port) {
 // A background program with its output in a file; SIGTERM and reaped on destruction.
 class Child {
  public:
-  Child(const std::vector<std::string>& argv, const std::string& log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
+  Child(const std::vector<std::string>& argv, const std::string& log)
+      : pid_(testing::SpawnProgram(argv, log)) {}
   ~Child() {
     kill(pid_, SIGTERM);
     waitpid(pid_, nullptr, 0);

@@ -45,7 +45,16 @@ int WaitFor(pid_t pid, absl::Duration timeout) {
   return -1;
 }
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& output_path) {
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   int fd = open(output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -58,15 +67,6 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& output_path
   _exit(127);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
-
 std::string BuiltProgram(const std::string& name) {
   const char* dir = std::getenv("KVTIER_BUILD_DIR");
   return absl::StrCat(dir ? dir : "build", "/bin/", name);
@@ -76,7 +76,7 @@ RunResult RunProgram(const std::vector<std::string>& argv, absl::Duration timeou
   char tmpl[] = "/tmp/kvtier-run-XXXXXX";
   int fd = mkstemp(tmpl);
   close(fd);
-  pid_t pid = Spawn(argv, tmpl);
+  pid_t pid = SpawnProgram(argv, tmpl);
   RunResult result;
   result.exit_code = WaitFor(pid, timeout);
   if (result.exit_code == -1) {
@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Option
       BuiltProgram("kvtierd"), "--config",  d->config_path_,        "--socket",
       d->socket_path_,         "--metrics", options.metrics_address};
   argv.insert(argv.end(), options.args.begin(), options.args.end());
-  d->pid_ = Spawn(argv, d->log_path_);
+  d->pid_ = SpawnProgram(argv, d->log_path_);
   absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     if (SocketAccepts(d->socket_path_)) return d;

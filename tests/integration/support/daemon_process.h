@@ -18,6 +18,10 @@ namespace kvtier::testing {
 // Path of a program built by this build tree (KVTIER_BUILD_DIR/bin/NAME).
 std::string BuiltProgram(const std::string& name);
 
+// Starts `argv` (argv[0] a path) in the background with stdout and stderr appended to
+// `output_path`; returns its pid.
+pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path);
+
 // Output and exit status of a finished program.
 struct RunResult {
   int exit_code = -1;
