@@ -1,5 +1,6 @@
 #include "worker/engine/eval/eval.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -157,6 +158,37 @@ absl::StatusOr<Reference> LoadOrComputeReference(Model& model, EvalContext& ctx,
   return ref;
 }
 
+// Prefill of several identical caches at once: K/V go to all of them, every one attends (so
+// each scores and probes as it would alone), the first one's output feeds the model.
+class FanOutCache final : public worker::AttentionCache {
+ public:
+  explicit FanOutCache(std::vector<worker::AttentionCache*> caches) : caches_(std::move(caches)) {}
+  uint32_t Length(uint32_t layer) const override { return caches_[0]->Length(layer); }
+  absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override {
+    for (worker::AttentionCache* c : caches_) RETURN_IF_ERROR(c->Append(layer, k, v, n));
+    return absl::OkStatus();
+  }
+  absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
+                      float* position_mass) override {
+    RETURN_IF_ERROR(caches_[0]->Attend(layer, q, n, out, position_mass));
+    for (size_t i = 1; i < caches_.size(); ++i) {
+      scratch_.assign(out_floats_, 0.f);
+      RETURN_IF_ERROR(caches_[i]->Attend(layer, q, n, scratch_.data(), nullptr));
+      if (!std::equal(scratch_.begin(), scratch_.end(), out)) {
+        return absl::InternalError(absl::StrFormat(
+            "prefill: member %d attends differently from the full cache in layer %d", i, layer));
+      }
+    }
+    return absl::OkStatus();
+  }
+  void set_out_floats(size_t n) { out_floats_ = n; }
+
+ private:
+  std::vector<worker::AttentionCache*> caches_;
+  std::vector<float> scratch_;
+  size_t out_floats_ = 0;
+};
+
 struct Member {
   std::unique_ptr<EvalSequence> seq;
   std::vector<float> logits;
@@ -305,9 +337,19 @@ absl::StatusOr<std::vector<std::vector<std::string>>> EvaluateQuestion(Model& mo
     ASSIGN_OR_RETURN(tf[i + 1].seq, ctx.Open(s.configs[i], prompt.size()));
     ASSIGN_OR_RETURN(fr[i].seq, ctx.Open(s.configs[i], prompt.size()));
   }
+  // One prefill through the weights for every member: before the first re-tiering every
+  // member holds the same full cache, so they attend alike (checked bit for bit).
+  std::vector<worker::AttentionCache*> caches;
+  for (std::vector<Member>* group : {&tf, &fr}) {
+    for (Member& m : *group) caches.push_back(&m.seq->cache());
+  }
+  FanOutCache fan(std::move(caches));
+  fan.set_out_floats(prompt.size() * model.attention_shape().num_q_heads *
+                     model.attention_shape().head_dim);
+  RETURN_IF_ERROR(model.Prefill(prompt, fan, &tf[0].logits));
   for (std::vector<Member>* group : {&tf, &fr}) {
     for (Member& m : *group) {
-      RETURN_IF_ERROR(model.Prefill(prompt, m.seq->cache(), &m.logits));
+      m.logits = tf[0].logits;
       RETURN_IF_ERROR(m.seq->AfterPrefill());
     }
   }
