@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
       ->required();
   ev->add_option("--out", e.out_dir, "Output directory (results.csv, summary.md; resumable)")
       ->required();
-  ev->add_option("--grid", e.grid, "paper | quick | \"\" (only --config)")->capture_default_str();
+  ev->add_option("--grid", e.grid, "paper | headline | quick | \"\" (only --config)")
+      ->capture_default_str();
   ev->add_option("--config", e.configs,
                  "Extra configuration POLICY:hbm=X,evict=X,compress=X,codec=NAME (repeatable)");
   ev->add_option("--offset", e.offset, "First question (0-based)")->capture_default_str();

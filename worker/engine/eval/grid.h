@@ -26,7 +26,8 @@ struct EvalConfig {
 // INVALID_ARGUMENT naming the field for an unknown policy or codec, or a ratio out of range.
 absl::Status ValidateConfig(const EvalConfig& config);
 
-// "paper" (the headline grid, docs/evaluation.md) or "quick" (the ctest subset).
+// "paper" (the full grid), "headline" (its subset run for docs/evaluation.md) or
+// "quick" (the ctest subset).
 // INVALID_ARGUMENT naming --grid for anything else.
 absl::StatusOr<std::vector<EvalConfig>> MakeGrid(const std::string& name);
 
