@@ -65,6 +65,7 @@ class EvalQuick : public ::testing::Test {
     options_.retier_interval = 16;
     options_.window_tokens = 16;
     options_.progress = false;
+    options_.threads = 1;  // see docs/evaluation.md: the engine pool's race under load
   }
   void TearDown() override {
     if (!out_.empty()) fs::remove_all(out_);

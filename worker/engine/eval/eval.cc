@@ -418,7 +418,8 @@ void Worker(Shared& s, const std::vector<uint32_t>& todo, int threads) {
   }
 }
 
-// The identity of a run: what must match for results to be appended to an existing OUT.
+// The identity of a run: what must match for results to be appended to an existing OUT. Rows
+// are keyed by question line, so --offset / --limit may change (a run can be extended).
 nlohmann::json RunIdentity(const Shared& s, uint64_t questions_hash) {
   std::vector<std::string> names;
   for (const EvalConfig& c : s.configs) names.push_back(c.Name());
@@ -426,8 +427,6 @@ nlohmann::json RunIdentity(const Shared& s, uint64_t questions_hash) {
   return {{"configs", names},
           {"model_hash", Hex(s.model_hash)},
           {"questions_hash", Hex(questions_hash)},
-          {"offset", o.offset},
-          {"limit", o.limit},
           {"min_new_tokens", o.min_new_tokens},
           {"max_new_tokens", o.max_new_tokens},
           {"page_tokens", o.page_tokens},
