@@ -112,20 +112,22 @@ def flat(by_config, out):
 
 
 def tradeoff(by_config, out):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy in ["hierarchy", "h2o", "streaming", "rkv", "arkv"]:
-        pts = series(by_config, policy, lambda rows: stat(rows, "t0_mean_ratio")[0],
-                     no_t2 if policy == "hierarchy" else (lambda rows: True))
-        if not pts:
-            continue
-        ax.scatter([p[0] for p in pts], [stat(p[1], "top1_agreement")[0] for p in pts],
-                   color=COLORS[policy], label=policy, s=30)
-    ax.set_xlabel("T0 (HBM) mean bytes / full cache")
-    ax.set_ylabel("top-1 agreement (teacher-forced)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("Fidelity vs HBM footprint (hierarchy: every r and β)")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, metric, label in [(axes[0], "top1_agreement", "top-1 agreement (teacher-forced)"),
+                              (axes[1], prefix_share, "identical prefix / chain (free-running)")]:
+        for policy in ["hierarchy", "h2o", "streaming", "rkv", "arkv"]:
+            pts = series(by_config, policy, lambda rows: stat(rows, "t0_mean_ratio")[0],
+                         no_t2 if policy == "hierarchy" else (lambda rows: True))
+            if not pts:
+                continue
+            ax.scatter([p[0] for p in pts], [stat(p[1], metric)[0] for p in pts],
+                       color=COLORS[policy], label=policy, s=30)
+        ax.set_xlabel("T0 (HBM) mean bytes / full cache")
+        ax.set_ylabel(label)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Fidelity vs HBM footprint (hierarchy: every r and β)")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "tradeoff.png"), dpi=80)
 
