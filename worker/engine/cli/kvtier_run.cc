@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "worker/engine/cli/generate.h"
+#include "worker/engine/eval/eval.h"
 #include "worker/engine/model_path.h"
 
 namespace kvtier::engine {
@@ -89,7 +90,49 @@ int main(int argc, char** argv) {
   gen->add_option("--temperature", o.temperature, "0 = greedy")->capture_default_str();
   gen->add_option("--top-p", o.top_p, "Nucleus sampling mass")->capture_default_str();
   gen->add_flag("--json", json, "Print one JSON object: text, tokens, report");
+
+  CLI::App* ev = app.add_subcommand(
+      "eval",
+      "Fidelity of tiering and eviction configurations vs the full cache (docs/evaluation.md)");
+  EvalOptions e;
+  ev->add_option("--questions", e.questions, "JSONL with \"question\" (and \"answer\") per line")
+      ->required();
+  ev->add_option("--out", e.out_dir, "Output directory (results.csv, summary.md; resumable)")
+      ->required();
+  ev->add_option("--grid", e.grid, "paper | headline | quick | \"\" (only --config)")
+      ->capture_default_str();
+  ev->add_option("--config", e.configs,
+                 "Extra configuration POLICY:hbm=X,evict=X,compress=X,codec=NAME (repeatable)");
+  ev->add_option("--offset", e.offset, "First question (0-based)")->capture_default_str();
+  ev->add_option("--limit", e.limit, "Questions to run (0 = all)")->capture_default_str();
+  ev->add_option("--min-new-tokens", e.min_new_tokens,
+                 "Hold back end-of-sequence until this many tokens (long chains)")
+      ->capture_default_str();
+  ev->add_option("--max-new-tokens", e.max_new_tokens, "Chain length cap")->capture_default_str();
+  ev->add_option("--page-tokens", e.page_tokens, "Positions per page (1 = token-exact)")
+      ->capture_default_str();
+  ev->add_option("--retier-interval", e.retier_interval, "Δ: decode steps between re-tierings")
+      ->capture_default_str();
+  ev->add_option("--window-tokens", e.window_tokens, "Hierarchy's protected recent window")
+      ->capture_default_str();
+  ev->add_option("--jobs", e.jobs, "Questions in parallel (threads split between them)")
+      ->capture_default_str();
+  ev->add_option("--reference-dir", e.reference_dir,
+                 "Cache of full-cache reference chains (default OUT/references)");
+  bool quiet = false;
+  ev->add_flag("--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
+
+  if (ev->parsed()) {
+    e.model_path = model_path;
+    e.threads = threads;
+    e.progress = !quiet;
+    absl::Status status = RunEval(e);
+    if (!status.ok()) return Fail(std::string(status.message()));
+    std::fprintf(stderr, "wrote %s/results.csv and %s/summary.md\n", e.out_dir.c_str(),
+                 e.out_dir.c_str());
+    return 0;
+  }
 
   if (gen->parsed()) {
     if (o.prompt.empty() && prompt_file.empty()) {
