@@ -20,8 +20,9 @@ absl::Status PrepareUnixSocketPath(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("server.socket \"", path, "\" must be 1..",
                                                    sizeof(addr.sun_path) - 1, " bytes long"));
   }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  // A relative name ("k.sock") lives in the working directory.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("socket directory ", dir, " for ", path,
                                                       " is not usable: ", std::strerror(errno)));
