@@ -113,6 +113,16 @@ std::unique_ptr<Metrics> Metrics::Create() {
   }
   f.errors_family = &counter("kvtier_rpc_errors_total",
                              "Requests answered with an error, by canonical status code.");
+  // The codes the core answers with exist from the start at 0, so rate() sees the first error
+  // of each (a series born at its first increment has no earlier sample to differ from).
+  for (int i = 0; i < Families::kRpcs; ++i) {
+    for (absl::StatusCode code :
+         {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound,
+          absl::StatusCode::kFailedPrecondition, absl::StatusCode::kResourceExhausted}) {
+      f.errors_family->Add({{"rpc", S(RpcName(static_cast<Rpc>(i)))},
+                            {"code", absl::AsciiStrToLower(absl::StatusCodeToString(code))}});
+    }
+  }
   f.snapshots =
       &counter("kvtier_snapshots_total", "Snapshots accepted (a plan was produced).").Add({});
   f.plan_latency = &prometheus::BuildHistogram()

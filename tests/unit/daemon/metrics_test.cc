@@ -55,6 +55,15 @@ TEST(MetricsTest, UpdatesShowInScrape) {
   EXPECT_NE(text.find("code=\"failed_precondition\""), std::string::npos);
 }
 
+TEST(MetricsTest, ErrorSeriesOfTheCoresCodesExistBeforeTheFirstError) {
+  auto m = Metrics::Create();
+  std::string before = Scrape(*m);
+  const std::string series = "kvtier_rpc_errors_total{code=\"not_found\",rpc=\"SubmitSnapshot\"} ";
+  ASSERT_NE(before.find(series + "0"), std::string::npos) << before;
+  m->CountError(Metrics::Rpc::kSubmitSnapshot, absl::StatusCode::kNotFound);
+  EXPECT_NE(Scrape(*m).find(series + "1"), std::string::npos);
+}
+
 TEST(MetricsTest, TwoInstancesAreIndependent) {
   auto a = Metrics::Create();
   auto b = Metrics::Create();
