@@ -22,6 +22,14 @@ class WorkerClientImpl final : public WorkerClient {
   explicit WorkerClientImpl(const ClientOptions& options)
       : options_(options), stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
 
+  // After losing the daemon, a fresh channel connects at once instead of waiting out the old
+  // one's reconnect backoff.
+  void NewChannel() {
+    std::shared_ptr<v1::KvTier::Stub> stub = v1::KvTier::NewStub(MakeChannel(options_.address));
+    absl::MutexLock lock(&mu_);
+    stub_ = std::move(stub);
+  }
+
   // A restarted daemon must be found again within a heartbeat or two, not after gRPC's default
   // reconnect backoff (up to two minutes).
   static std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
@@ -141,7 +149,10 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   absl::Status HeartbeatOnce() override {
-    if (!connected()) return Register();
+    if (!connected()) {
+      NewChannel();
+      return Register();
+    }
     v1::HeartbeatRequest request;
     {
       absl::MutexLock lock(&mu_);
@@ -165,7 +176,12 @@ class WorkerClientImpl final : public WorkerClient {
   absl::Status Call(Method<Request, Response> method, const Request& request, Response* response) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
-    absl::Status s = rpc::FromGrpcStatus(((*stub_).*method)(&ctx, request, response));
+    std::shared_ptr<v1::KvTier::Stub> stub;
+    {
+      absl::MutexLock lock(&mu_);
+      stub = stub_;
+    }
+    absl::Status s = rpc::FromGrpcStatus(((*stub).*method)(&ctx, request, response));
     if (s.code() == absl::StatusCode::kUnavailable ||
         s.code() == absl::StatusCode::kDeadlineExceeded ||
         (s.code() == absl::StatusCode::kFailedPrecondition &&
@@ -182,7 +198,7 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   const ClientOptions options_;
-  std::unique_ptr<v1::KvTier::Stub> stub_;
+  std::shared_ptr<v1::KvTier::Stub> stub_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex mu_;
   uint64_t worker_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
