@@ -50,9 +50,9 @@ void TieredSequence::ReleaseHeldSlots() {
     if (!orphaned_) (void)client_->CloseSequence(sequence_id_);
     return;
   }
-  if (local_.slots == nullptr) return;
+  if (local_slots_ == nullptr) return;
   for (const ReleasedSlot& slot : store_->HeldSlots()) {
-    (void)local_.slots->Free(slot.kind, slot.offset);
+    (void)local_slots_->Free(slot.kind, slot.offset);
   }
 }
 
@@ -78,8 +78,8 @@ absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, 
 
 absl::Status TieredSequence::EndForwardPass(uint32_t n) {
   const uint64_t length = store_->Length(0);
-  std::vector<float> attention;
-  attention.reserve(layer_mass_.size() * length);
+  std::vector<float>& attention = step_attention_;
+  attention.clear();
   for (const auto& mass : layer_mass_) {
     if (mass.size() != length) {
       return absl::FailedPreconditionError("layers attended over different lengths");
@@ -140,8 +140,8 @@ absl::Status TieredSequence::RetierLocal(bool allow_offloads) {
       scores_.AllPageScores(store_->geometry().page_tokens, options_.tiering.page_score));
   ASSIGN_OR_RETURN(tiering::Placement target, LocalTarget(page_scores, allow_offloads));
   ASSIGN_OR_RETURN(tiering::Plan plan, tiering::MakePlan(store_->placement(), target));
-  if (local_.slots != nullptr) {
-    RETURN_IF_ERROR(store_->ApplyPlanLocal(plan.moves, *local_.slots));
+  if (local_slots_ != nullptr) {
+    RETURN_IF_ERROR(store_->ApplyPlanLocal(plan.moves, *local_slots_));
   } else {
     // Evictions only (orphaned daemon sequence): the released slots belong to the old daemon.
     std::vector<SlotAssignment> none(plan.moves.size());

@@ -74,9 +74,6 @@ class TieredSequence final : public AttentionCache {
 
  private:
   friend class WorkerRuntime;
-  struct Local {
-    SlotSource* slots = nullptr;
-  };
   TieredSequence(SequenceOptions options, std::unique_ptr<TieredKvStore> store,
                  tiering::ScoreAccumulator scores, std::unique_ptr<tiering::Policy> policy);
 
@@ -93,10 +90,11 @@ class TieredSequence final : public AttentionCache {
   tiering::ScoreAccumulator scores_;
   std::unique_ptr<tiering::Policy> policy_;
   std::vector<std::vector<float>> layer_mass_;  // [layer][position], this forward pass
+  std::vector<float> step_attention_;           // layer_mass_ flattened, reused every pass
   uint64_t step_ = 0;                           // decode steps since prefill; 0 = prefill end
   bool prefilled_ = false;
-  // Local mode.
-  Local local_;
+  // Local mode: where slots come from (null in daemon mode).
+  SlotSource* local_slots_ = nullptr;
   // Daemon mode.
   WorkerClient* client_ = nullptr;
   uint64_t sequence_id_ = 0;

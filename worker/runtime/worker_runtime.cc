@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
   auto runtime = std::unique_ptr<WorkerRuntime>(new WorkerRuntime(options, geometry));
   if (options.daemon_address.empty()) {
-    RETURN_IF_ERROR(runtime->EnsureLocalPools());
+    RETURN_IF_ERROR(runtime->CreateLocalPools());
     return runtime;
   }
   ClientOptions client;
@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   return runtime;
 }
 
-absl::Status WorkerRuntime::EnsureLocalPools() {
+absl::Status WorkerRuntime::CreateLocalPools() {
   ASSIGN_OR_RETURN(local_ddr_, HostPagePool::Create(PoolKind::kDdr, options_.local_ddr_bytes));
   ASSIGN_OR_RETURN(local_compressed_,
                    HostPagePool::Create(PoolKind::kCompressed, options_.local_compressed_bytes));
@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
                          store_options, {arena_.get(), local_ddr_.get(), local_compressed_.get()}));
     auto seq = std::unique_ptr<TieredSequence>(
         new TieredSequence(seq_options, std::move(store), std::move(scores), std::move(policy)));
-    seq->local_.slots = local_slots_.get();
+    seq->local_slots_ = local_slots_.get();
     return seq;
   }
   v1::PolicyConfig wire;

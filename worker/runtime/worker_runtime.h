@@ -43,7 +43,7 @@ struct RuntimeOptions {
 class WorkerRuntime {
  public:
   // Daemon mode registers with kvtierd (UNAVAILABLE, with the address, when it cannot be
-  // reached); local mode allocates the pools lazily.
+  // reached); local mode maps its own pools (untouched memory costs nothing until used).
   static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(const RuntimeOptions& options);
   ~WorkerRuntime();
 
@@ -58,7 +58,7 @@ class WorkerRuntime {
 
  private:
   WorkerRuntime(const RuntimeOptions& options, layout::KvGeometry geometry);
-  absl::Status EnsureLocalPools();
+  absl::Status CreateLocalPools();
 
   RuntimeOptions options_;
   layout::KvGeometry geometry_;
