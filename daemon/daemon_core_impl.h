@@ -164,6 +164,10 @@ class DaemonCoreImpl final : public DaemonCore {
   void SetFiguresLocked(SequenceRec& s, const PlacementFigures& f)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CommitLocked(WorkerRec& w, SequenceRec& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Settles the plan in flight (AckPlan, or the ack a snapshot carries); `field` names the
+  // request field holding `version` in the error.
+  absl::Status AcknowledgeLocked(WorkerRec& w, SequenceRec& s, uint64_t version, bool applied,
+                                 absl::string_view field) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts the request (and its error) in the metrics; returns `result` unchanged.
   template <typename T>

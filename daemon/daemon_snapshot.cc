@@ -214,6 +214,11 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnapshotRequest& r) {
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
   ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
+  if (r.applied_plan_version() != 0) {
+    // Exactly an AckPlan ahead of the snapshot: it stands even if the snapshot is refused.
+    RETURN_IF_ERROR(
+        AcknowledgeLocked(*w, *s, r.applied_plan_version(), true, "applied_plan_version"));
+  }
   RETURN_IF_ERROR(ValidateSnapshot(*s, w->geometry, r));
   GrowLocked(*s, r.length(), r.num_pages());
   SetFiguresLocked(*s, ComputeFigures(w->geometry, s->placement, s->prompt_tokens, s->length));
@@ -288,22 +293,28 @@ absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckPlan(const v1::AckPlanReq
 absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckLocked(const v1::AckPlanRequest& r) {
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
   ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
-  if (!s->pending.has_value() || s->pending->version != r.plan_version()) {
-    return Precondition(absl::StrCat(
-        "plan_version ", r.plan_version(), " is not the plan in flight for sequence_id ", s->id,
-        s->pending.has_value() ? absl::StrCat(" (", s->pending->version, ")") : " (none)"));
-  }
-  if (r.applied()) {
-    CommitLocked(*w, *s);
-  } else {
-    for (PendingMove& m : s->pending->moves) ReleaseLocked(*w, m.dst);
-  }
-  s->last_acked = r.plan_version();
-  if (r.applied()) s->last_applied = r.plan_version();
-  s->pending.reset();
-  if (metrics_ != nullptr) metrics_->CountAck(r.applied());
+  RETURN_IF_ERROR(AcknowledgeLocked(*w, *s, r.plan_version(), r.applied(), "plan_version"));
   UpdateGaugesLocked();
   return v1::AckPlanResponse();
+}
+
+absl::Status DaemonCoreImpl::AcknowledgeLocked(WorkerRec& w, SequenceRec& s, uint64_t version,
+                                               bool applied, absl::string_view field) {
+  if (!s.pending.has_value() || s.pending->version != version) {
+    return Precondition(absl::StrCat(
+        field, " ", version, " is not the plan in flight for sequence_id ", s.id,
+        s.pending.has_value() ? absl::StrCat(" (", s.pending->version, ")") : " (none)"));
+  }
+  if (applied) {
+    CommitLocked(w, s);
+  } else {
+    for (PendingMove& m : s.pending->moves) ReleaseLocked(w, m.dst);
+  }
+  s.last_acked = version;
+  if (applied) s.last_applied = version;
+  s.pending.reset();
+  if (metrics_ != nullptr) metrics_->CountAck(applied);
+  return absl::OkStatus();
 }
 
 void DaemonCoreImpl::CommitLocked(WorkerRec& w, SequenceRec& s) {

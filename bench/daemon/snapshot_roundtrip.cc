@@ -3,6 +3,8 @@
 //
 // Open loop: W workers each offer one snapshot every --period-ms (2K pages each); reports
 // p50/p99 latency. Closed loop: the same workers submit back to back; reports plans/s.
+// Each is run twice: acknowledging every plan with AckPlan (two round trips a plan), and
+// carrying the acknowledgement in the sequence's next snapshot (applied_plan_version: one).
 // Baseline in the same run: GetStatus round trips (an empty RPC) over the same socket, so the
 // ratio shows what planning adds to bare gRPC. Also reports the daemon's resident memory.
 //
@@ -16,6 +18,7 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -67,14 +70,14 @@ std::unique_ptr<WorkerClient> Connect(const std::string& address, int index) {
 // noise, as cumulative attention behaves in decoding; rankings drift slowly, so plans are small.
 // Otherwise every page gains a fresh uniform amount each step: worst-case churn.
 void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Duration period,
-               absl::Time stop, Sample* out, int seed, bool stable) {
+               absl::Time stop, Sample* out, int seed, bool stable, bool carry_ack) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(0, 1);
   std::uniform_real_distribution<float> noise(0.8f, 1.2f);
   std::vector<float> importance(pages);
   for (float& w : importance) w = std::pow(u(rng), 4.f);
   struct Seq {
-    uint64_t id, acked = 0;
+    uint64_t id, acked = 0, carried = 0;  // carried: applied, to be acked by the next snapshot
     std::string tiers;
     std::vector<float> scores;
   };
@@ -86,7 +89,7 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
   policy.set_compress_ratio(0.2);
   for (int s = 0; s < sequences; ++s) {
     auto id = client->OpenSequence(256, policy, "bench");
-    seqs.push_back({*id, 0, std::string(pages, '\0'), std::vector<float>(pages, 0.f)});
+    seqs.push_back({*id, 0, 0, std::string(pages, '\0'), std::vector<float>(pages, 0.f)});
   }
   absl::Time next = absl::Now();
   for (size_t i = 0; absl::Now() < stop; ++i) {
@@ -96,6 +99,7 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     snap.set_length(uint64_t{pages} * 16);
     snap.set_num_pages(pages);
     snap.set_last_plan_version(s.acked);
+    snap.set_applied_plan_version(std::exchange(s.carried, 0));
     snap.set_current_tiers(s.tiers);
     for (uint32_t p = 0; p < pages; ++p) {
       if (s.tiers[p] != 3) s.scores[p] += stable ? importance[p] * noise(rng) : u(rng);
@@ -104,7 +108,12 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     absl::Time t0 = absl::Now();
     auto plan = client->SubmitSnapshot(std::move(snap));
     const double latency_us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-    if (!plan.ok() || !client->AckPlan(s.id, plan->plan_version(), true).ok()) continue;
+    if (!plan.ok()) continue;
+    if (carry_ack) {
+      s.carried = plan->plan_version();
+    } else if (!client->AckPlan(s.id, plan->plan_version(), true).ok()) {
+      continue;
+    }
     out->latencies_us.push_back(latency_us);
     ++out->plans;
     s.tiers = plan->target_tiers();
@@ -127,13 +136,13 @@ uint64_t RssKiB(pid_t pid) {
 }
 
 Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequences, uint32_t pages,
-           absl::Duration period, absl::Duration length, bool stable) {
+           absl::Duration period, absl::Duration length, bool stable, bool carry_ack) {
   std::vector<Sample> samples(clients.size());
   std::vector<std::thread> threads;
   absl::Time stop = absl::Now() + length;
   for (size_t w = 0; w < clients.size(); ++w) {
     threads.emplace_back(RunWorker, clients[w].get(), sequences, pages, period, stop, &samples[w],
-                         static_cast<int>(w), stable);
+                         static_cast<int>(w), stable, carry_ack);
   }
   for (auto& t : threads) t.join();
   Sample all;
@@ -179,22 +188,26 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf(
-      "| workers | mode | plans/s | p50 us | p99 us | GetStatus us (baseline) | "
-      "p50 / baseline | daemon RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
+      "| workers | mode | ack | plans/s | p50 us | p99 us | GetStatus us (baseline) | "
+      "p50 / baseline | daemon RSS MiB |\n|---|---|---|---|---|---|---|---|---|\n");
   for (absl::string_view w : absl::StrSplit(workers_list, ',')) {
     int n = std::stoi(std::string(w));
     std::vector<std::unique_ptr<WorkerClient>> clients;
     for (int i = 0; i < n; ++i) clients.push_back(Connect((*daemon)->address(), i));
     double baseline = StatusRoundTripUs(clients[0].get(), 500);
     for (bool open_loop : {true, false}) {
-      auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
-      Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds), scores == "stable");
-      double p50 = Percentile(s.latencies_us, 0.5);
-      std::printf("| %d | %s | %.0f | %.0f | %.0f | %.0f | %.1fx | %.1f |\n", n,
-                  open_loop ? absl::StrCat("open ", period_ms, " ms").c_str() : "closed",
-                  s.plans / seconds, p50, Percentile(s.latencies_us, 0.99), baseline,
-                  p50 / baseline, RssKiB((*daemon)->pid()) / 1024.0);
-      std::fflush(stdout);
+      for (bool carry_ack : {false, true}) {
+        auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
+        Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds),
+                       scores == "stable", carry_ack);
+        double p50 = Percentile(s.latencies_us, 0.5);
+        std::printf("| %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %.1fx | %.1f |\n", n,
+                    open_loop ? absl::StrCat("open ", period_ms, " ms").c_str() : "closed",
+                    carry_ack ? "in snapshot" : "AckPlan", s.plans / seconds, p50,
+                    Percentile(s.latencies_us, 0.99), baseline, p50 / baseline,
+                    RssKiB((*daemon)->pid()) / 1024.0);
+        std::fflush(stdout);
+      }
     }
   }
   return 0;

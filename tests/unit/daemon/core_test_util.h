@@ -137,18 +137,27 @@ class SimWorker {
     r.set_applied(applied);
     absl::Status st = core_->AckPlan(r).status();
     if (!st.ok()) return st;
-    Seq& s = seqs_[plan.sequence_id()];
-    s.last_plan = plan.plan_version();
     if (applied) {
-      for (int i = 0; i < plan.move_group_size(); ++i) {
-        size_t idx = size_t{plan.move_group(i)} * s.num_pages + plan.move_page(i);
-        s.tiers[idx] = plan.move_to()[i];
-        s.slots[idx] = plan.move_dst_slot(i);
-      }
-      // The view may have grown since (more tokens decoded); compare when the shapes agree.
-      if (s.tiers.size() == plan.target_tiers().size()) EXPECT_EQ(s.tiers, plan.target_tiers());
+      Apply(plan);
+    } else {
+      seqs_[plan.sequence_id()].last_plan = plan.plan_version();
     }
     return st;
+  }
+
+  // Executes the plan on the worker's view only (the ack is left to the caller).
+  void Apply(const v1::TierPlan& plan) {
+    Seq& s = seqs_[plan.sequence_id()];
+    s.last_plan = plan.plan_version();
+    for (int i = 0; i < plan.move_group_size(); ++i) {
+      size_t idx = size_t{plan.move_group(i)} * s.num_pages + plan.move_page(i);
+      s.tiers[idx] = plan.move_to()[i];
+      s.slots[idx] = plan.move_dst_slot(i);
+    }
+    // The view may have grown since (more tokens decoded); compare when the shapes agree.
+    if (s.tiers.size() == plan.target_tiers().size()) {
+      EXPECT_EQ(s.tiers, plan.target_tiers());
+    }
   }
 
   absl::Status Heartbeat() {

@@ -169,6 +169,51 @@ TEST(DaemonCoreTest, OnePlanInFlightPerSequence) {
   EXPECT_NE(stale.status().message().find("last_plan_version"), std::string::npos);
 }
 
+TEST(DaemonCoreTest, SnapshotCarriesTheAckOfThePlanInFlight) {
+  Env env;
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.1, 0, 0));
+  ASSERT_TRUE(seq.ok());
+  auto plan1 = w.Snapshot(*seq, 800, RampScores(50));
+  ASSERT_TRUE(plan1.ok());
+  ASSERT_GT(plan1->move_group_size(), 0);
+  w.Apply(*plan1);
+
+  // A wrong version is refused by name and settles nothing: the plan is still in flight.
+  auto req = w.MakeSnapshot(*seq, 832, RampScores(52));
+  req.set_applied_plan_version(plan1->plan_version() + 5);
+  auto wrong = env.core->SubmitSnapshot(req);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(wrong.status().message().find("applied_plan_version"), std::string::npos);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+
+  // The ack stands even when the snapshot it rides on is refused (here: a NaN score).
+  req.set_applied_plan_version(plan1->plan_version());
+  req.set_page_scores(3, std::nanf(""));
+  EXPECT_EQ(env.core->SubmitSnapshot(req).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::AckPlanRequest again;
+  again.set_worker_id(w.id());
+  again.set_sequence_id(*seq);
+  again.set_plan_version(plan1->plan_version());
+  again.set_applied(true);
+  EXPECT_EQ(env.core->AckPlan(again).status().code(), absl::StatusCode::kFailedPrecondition);
+  const uint64_t ddr_after_ack = testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes();
+  EXPECT_EQ(ddr_after_ack, CountTier(w.seq(*seq).tiers, 1) * kT1Slot);
+
+  // Carried on a valid snapshot, the next plan's ack needs no AckPlan call either.
+  auto plan2 = w.Snapshot(*seq, 848, RampScores(53));
+  ASSERT_TRUE(plan2.ok()) << plan2.status();
+  w.Apply(*plan2);
+  req = w.MakeSnapshot(*seq, 864, RampScores(54));
+  req.set_applied_plan_version(plan2->plan_version());
+  auto plan3 = env.core->SubmitSnapshot(req);
+  ASSERT_TRUE(plan3.ok()) << plan3.status();
+  ASSERT_TRUE(w.Ack(*plan3, true).ok());
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(),
+            CountTier(w.seq(*seq).tiers, 1) * kT1Slot);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
 TEST(DaemonCoreTest, CurrentTiersMustAgreeWithAcknowledgedPlacement) {
   Env env;
   SimWorker w(env.core.get());

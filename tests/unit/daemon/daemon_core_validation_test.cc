@@ -203,6 +203,8 @@ TEST_F(ValidationTest, SubmitSnapshotRejectsEveryBadField) {
        StatusCode::kFailedPrecondition, "current_tiers[2]"},
       {"stale plan", [](R& r) { r.set_last_plan_version(7); }, StatusCode::kFailedPrecondition,
        "last_plan_version"},
+      {"ack of no plan in flight", [](R& r) { r.set_applied_plan_version(7); },
+       StatusCode::kFailedPrecondition, "applied_plan_version"},
   };
   Run(make, cases, [&](const R& r) { return env_.core->SubmitSnapshot(r).status(); });
 }

@@ -83,7 +83,9 @@ TEST(TieringAdapterTest, HierarchyHoldsBudgetsOnRandomScores) {
         bool is_prot =
             b < prompt || (b < prompt + 4 && e > prompt) || e > (length > 128 ? length - 128 : 0);
         Tier t = d->target.tiers[p];
-        if (cur.tiers[p] == Tier::kT3) ASSERT_EQ(t, Tier::kT3);
+        if (cur.tiers[p] == Tier::kT3) {
+          ASSERT_EQ(t, Tier::kT3);
+        }
         if (is_prot) {
           ASSERT_EQ(t, Tier::kT0) << "protected page " << p;
           prot += e - b;
@@ -137,7 +139,9 @@ TEST(TieringAdapterTest, OrderedMovesPutDemotionsFirst) {
   bool promoted = false;
   for (const auto& m : *moves) {
     if (m.to < m.from) promoted = true;
-    if (promoted) EXPECT_LT(m.to, m.from) << "a demotion after a promotion";
+    if (promoted) {
+      EXPECT_LT(m.to, m.from) << "a demotion after a promotion";
+    }
   }
   // An evicted page never comes back: the diff refuses it.
   EXPECT_FALSE(OrderedMoves(tgt, cur).ok());
