@@ -100,6 +100,8 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Option
                        : absl::StrCat("/kvtier-test-", getpid(), "-",
                                       std::filesystem::path(d->dir_).filename().string());
   d->config_path_ = d->dir_ + "/kvtierd.toml";
+  d->ddr_mib_ = options.ddr_mib;
+  d->compressed_mib_ = options.compressed_mib;
   if (absl::Status s = d->RewriteConfig(options.config_text); !s.ok()) return s;
   std::vector<std::string> argv = {
       BuiltProgram("kvtierd"), "--config",  d->config_path_,        "--socket",
@@ -143,7 +145,8 @@ absl::Status DaemonProcess::RewriteConfig(const std::string& config_text) {
   const std::string tmp = config_path_ + ".tmp";
   {
     std::ofstream config(tmp);
-    config << "[pools]\nddr_mib = 64\ncompressed_mib = 32\nshm_prefix = \"" << shm_prefix_ << "\"\n"
+    config << "[pools]\nddr_mib = " << ddr_mib_ << "\ncompressed_mib = " << compressed_mib_
+           << "\nshm_prefix = \"" << shm_prefix_ << "\"\n"
            << config_text;
     if (!config.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }

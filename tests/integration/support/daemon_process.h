@@ -39,6 +39,8 @@ class DaemonProcess {
     std::string socket_path;        // "" = a fresh one in the temp dir
     std::string metrics_address;    // --metrics host:port; "" = no metrics endpoint
     std::string shm_prefix;         // "" = one unique to this daemon
+    uint32_t ddr_mib = 64;          // pool sizes: small, so tests can fill them
+    uint32_t compressed_mib = 32;
   };
   // Starts kvtierd and waits until its socket accepts connections.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(const Options& options);
@@ -68,6 +70,7 @@ class DaemonProcess {
  private:
   DaemonProcess() = default;
   std::string dir_, socket_path_, log_path_, shm_prefix_, config_path_;
+  uint32_t ddr_mib_ = 64, compressed_mib_ = 32;
   pid_t pid_ = -1;
 };
 
