@@ -236,10 +236,10 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
   plan.set_sequence_id(s->id);
   const uint64_t version = s->next_version;
   plan.set_plan_version(version);
-  plan.mutable_target_tiers()->resize(target.tiers.size());
-  for (size_t i = 0; i < target.tiers.size(); ++i) {
-    (*plan.mutable_target_tiers())[i] = static_cast<char>(target.tiers[i]);
-  }
+  std::string* target_tiers = plan.mutable_target_tiers();
+  target_tiers->resize(target.tiers.size());
+  std::transform(target.tiers.begin(), target.tiers.end(), target_tiers->begin(),
+                 [](Tier t) { return static_cast<char>(t); });
   absl::StatusOr<std::vector<tiering::Move>> ordered = OrderedMoves(current, target);
   if (!ordered.ok()) {
     for (Slot& slot : dst) ReleaseLocked(*w, slot);
