@@ -10,6 +10,9 @@
 //   ... execute plan.moves against the mapped pools ...
 //   RETURN_IF_ERROR(client->AckPlan(seq, plan.plan_version(), /*applied=*/true));
 //   RETURN_IF_ERROR(client->CloseSequence(seq));
+//
+// A worker whose next snapshot follows soon may skip AckPlan and set the next snapshot's
+// applied_plan_version (and last_plan_version) to the plan it applied: one round trip a plan.
 
 #include <atomic>
 #include <cstdint>
