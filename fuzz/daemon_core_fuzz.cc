@@ -89,10 +89,16 @@ v1::SubmitSnapshotRequest HonestSnapshot(FuzzedDataProvider& in, uint64_t seq_id
   uint64_t length = std::max(s.length, s.prompt) + in.ConsumeIntegralInRange<uint64_t>(0, 200);
   if (length == 0) length = 1;
   uint32_t pages = static_cast<uint32_t>((length + s.page_tokens - 1) / s.page_tokens);
+  // Sometimes the snapshot carries the ack of the plan in flight: it then reports the plan's
+  // target tiers, as a worker that applied it would.
+  const bool carry = s.inflight && in.ConsumeBool();
+  const std::string& known = carry ? s.plan.target_tiers() : s.tiers;
   std::string tiers(size_t{s.groups} * pages, '\0');
   for (uint32_t g = 0; g < s.groups; ++g) {
     for (uint32_t p = 0; p < s.pages && p < pages; ++p) {
-      tiers[size_t{g} * pages + p] = s.tiers[size_t{g} * s.pages + p];
+      if (size_t{g} * s.pages + p < known.size()) {
+        tiers[size_t{g} * pages + p] = known[size_t{g} * s.pages + p];
+      }
     }
   }
   v1::SubmitSnapshotRequest r;
@@ -104,9 +110,10 @@ v1::SubmitSnapshotRequest HonestSnapshot(FuzzedDataProvider& in, uint64_t seq_id
     r.add_page_scores(static_cast<float>(in.ConsumeIntegralInRange<int>(0, 1000)));
   }
   r.set_current_tiers(tiers);
-  r.set_last_plan_version(s.last_plan);
+  r.set_last_plan_version(carry ? s.plan.plan_version() : s.last_plan);
+  if (carry) r.set_applied_plan_version(s.plan.plan_version());
   // Occasional corruption of one field.
-  switch (in.ConsumeIntegralInRange<int>(0, 12)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 13)) {
     case 0:
       r.set_num_pages(r.num_pages() + 1);
       break;
@@ -122,6 +129,9 @@ v1::SubmitSnapshotRequest HonestSnapshot(FuzzedDataProvider& in, uint64_t seq_id
       break;
     case 4:
       r.set_length(in.ConsumeIntegral<uint64_t>());
+      break;
+    case 5:
+      r.set_applied_plan_version(in.ConsumeIntegralInRange<uint64_t>(0, 4));
       break;
     default:
       break;
@@ -146,6 +156,11 @@ void Check(DaemonCore* core) {
 }
 
 }  // namespace
+
+// Successful operations so far (the order of g_ok), for the replay test.
+extern "C" void KvtierFuzzSuccesses(uint64_t out[6]) {
+  for (int i = 0; i < 6; ++i) out[i] = g_ok[i];
+}
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (std::getenv("KVTIER_FUZZ_STATS") != nullptr) std::atexit(PrintStats);
@@ -242,6 +257,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         auto plan = core->SubmitSnapshot(r);
         if (plan.ok()) ++g_ok[3];
+        // A carried ack stands even when the snapshot is refused after it.
+        if (it != seqs.end() && it->second.inflight && r.applied_plan_version() != 0 &&
+            r.applied_plan_version() == it->second.plan.plan_version() &&
+            r.worker_id() == it->second.worker &&
+            (plan.ok() ||
+             plan.status().message().find("applied_plan_version") == std::string::npos)) {
+          SeqView& s = it->second;
+          s.inflight = false;
+          s.last_plan = r.applied_plan_version();
+          s.tiers = s.plan.target_tiers();
+        }
         if (plan.ok() && it != seqs.end()) {
           SeqView& s = it->second;
           s.inflight = true;
