@@ -102,7 +102,9 @@ TEST_F(EvalQuick, ZeroEvictionRowsAreTheFullCacheExactlyAndBadInputChangesNothin
       EXPECT_LT(std::stod(r.at("t0_peak_ratio")), 0.6) << r.at("config");
       EXPECT_GT(std::stod(r.at("t0_mean_ratio")), 0.4) << r.at("config");
     }
-    if (r.at("compress_ratio") != "0") EXPECT_GT(std::stoull(r.at("compressed_bytes")), 0u);
+    if (r.at("compress_ratio") != "0") {
+      EXPECT_GT(std::stoull(r.at("compressed_bytes")), 0u);
+    }
   }
   EXPECT_EQ(zero_by_beta.size(), 3u);
   EXPECT_TRUE(fs::exists(out_ / "summary.md"));

@@ -156,7 +156,9 @@ TEST(GgufTest, RandomCorruptionNeverCrashes) {
     int flips = 1 + std::rand() % 3;
     for (int k = 0; k < flips; ++k) b[std::rand() % 300] ^= 1 << (std::rand() % 8);
     auto f = Parse(b);  // may succeed (e.g. a flipped value byte); must not crash or hang
-    if (!f.ok()) EXPECT_FALSE(f.status().message().empty());
+    if (!f.ok()) {
+      EXPECT_FALSE(f.status().message().empty());
+    }
   }
 }
 
