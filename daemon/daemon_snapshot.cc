@@ -218,6 +218,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
     // Exactly an AckPlan ahead of the snapshot: it stands even if the snapshot is refused.
     RETURN_IF_ERROR(
         AcknowledgeLocked(*w, *s, r.applied_plan_version(), true, "applied_plan_version"));
+    UpdateGaugesLocked();  // the freed sources show even if the snapshot is refused below
   }
   RETURN_IF_ERROR(ValidateSnapshot(*s, w->geometry, r));
   GrowLocked(*s, r.length(), r.num_pages());
