@@ -191,12 +191,7 @@ TEST(DaemonCoreTest, SnapshotCarriesTheAckOfThePlanInFlight) {
   req.set_applied_plan_version(plan1->plan_version());
   req.set_page_scores(3, std::nanf(""));
   EXPECT_EQ(env.core->SubmitSnapshot(req).status().code(), absl::StatusCode::kInvalidArgument);
-  v1::AckPlanRequest again;
-  again.set_worker_id(w.id());
-  again.set_sequence_id(*seq);
-  again.set_plan_version(plan1->plan_version());
-  again.set_applied(true);
-  EXPECT_EQ(env.core->AckPlan(again).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w.Ack(*plan1, true).code(), absl::StatusCode::kFailedPrecondition);
   const uint64_t ddr_after_ack = testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes();
   EXPECT_EQ(ddr_after_ack, CountTier(w.seq(*seq).tiers, 1) * kT1Slot);
 
