@@ -1,11 +1,22 @@
 #include "daemon/daemon_core.h"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "core/status/status_macros.h"
 #include "daemon/daemon_core_impl.h"
+#include "edge/message_limits.h"
+#include "edge/session.h"
 
 #ifndef KVTIER_VERSION
 #define KVTIER_VERSION "0.0.0"
@@ -21,6 +32,12 @@ constexpr size_t kMaxNameBytes = 256;
 constexpr uint32_t kMaxLayers = 4096, kMaxKvHeads = 4096, kMaxHeadDim = 16384;
 constexpr uint32_t kMaxPageTokens = 1u << 16;
 constexpr uint64_t kMaxPromptTokens = 1ull << 32;
+// A slot may exceed one page of the declared geometry by this factor at most (alignment and
+// padding of the worker's own layout); a compressed slot may exceed a full one by as much.
+constexpr uint64_t kMaxSlotSlack = 2;
+constexpr absl::Duration kTicketTtl = absl::Seconds(30);
+constexpr size_t kMaxTickets = 4096;
+constexpr uint32_t kExtentsPerReply = edge::kMaxFdsPerMessage - 1;  // the header rides first
 
 uint64_t Ms(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
 
@@ -56,29 +73,61 @@ absl::StatusOr<layout::KvGeometry> ValidateGeometry(const v1::RegisterWorkerRequ
 
 std::string SafeText(const std::string& s) { return s.substr(0, kMaxNameBytes); }
 
-void FillPool(const Pool& pool, v1::PoolDescriptor* d) {
-  d->set_kind(pool.kind == layout::PoolKind::kDdr ? v1::POOL_KIND_DDR : v1::POOL_KIND_COMPRESSED);
-  d->set_shm_name(pool.segment.name());
-  d->set_size_bytes(pool.segment.size());
-  d->set_data_offset(pool.segment.header().data_offset);
-  d->set_abi_version(pool.segment.header().abi_version);
+v1::PoolKind WireKind(layout::PoolKind kind) {
+  return kind == layout::PoolKind::kDdr ? v1::POOL_KIND_DDR : v1::POOL_KIND_COMPRESSED;
+}
+
+}  // namespace
+
+uint64_t EffectiveExtentBytes(uint64_t configured, uint64_t capacity) {
+  uint64_t e = std::min(configured, std::max(layout::kExtentAlignment, capacity / 16));
+  e = std::min(e, capacity);
+  return e / 4096 * 4096;
+}
+
+namespace {
+
+void FillPool(const WorkerMemory& memory, layout::PoolKind kind, v1::PoolDescriptor* d) {
+  d->set_kind(WireKind(kind));
+  d->set_size_bytes(memory.max_extents() * memory.extent_bytes());
+  d->set_data_offset(0);
+  d->set_abi_version(layout::kPoolAbiVersion);
+  d->set_extent_bytes(memory.extent_bytes());
+  d->set_max_extents(static_cast<uint32_t>(memory.max_extents()));
+}
+
+bool Contains(const std::vector<uint32_t>& v, uint32_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+bool InGroup(const edge::PeerCredentials& peer, gid_t gid) {
+  return peer.gid == gid ||
+         std::find(peer.groups.begin(), peer.groups.end(), gid) != peer.groups.end();
 }
 
 }  // namespace
 
 DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics,
-                               uint64_t epoch, std::unique_ptr<Pool> ddr,
-                               std::unique_ptr<Pool> compressed)
+                               uint64_t epoch)
     : clock_(clock),
       metrics_(metrics),
       epoch_(epoch),
       start_(clock->Now()),
       // Ids of different daemon lifetimes do not collide: they start at an epoch-derived base.
       id_base_(((epoch & 0x7FFFFFFFull) << 24) | 1),
-      pools_{std::move(ddr), std::move(compressed)},
+      daemon_uid_(getuid()),
+      daemon_gid_(getgid()),
       options_(options),
       next_worker_id_(id_base_),
       next_sequence_id_(id_base_) {
+  const std::string label = options.shm_prefix.substr(1);
+  for (layout::PoolKind kind : {layout::PoolKind::kDdr, layout::PoolKind::kCompressed}) {
+    const bool ddr = kind == layout::PoolKind::kDdr;
+    const uint64_t capacity = ddr ? options.ddr_pool_bytes : options.compressed_pool_bytes;
+    pools_[ddr ? 0 : 1] = std::make_unique<PoolBudget>(
+        kind, capacity, EffectiveExtentBytes(options.extent_bytes, capacity),
+        absl::StrCat(label, ddr ? "-ddr" : "-cmp"), options.extent_dir);
+  }
   absl::MutexLock lock(&mu_);
   UpdateGaugesLocked();
 }
@@ -93,8 +142,13 @@ bool DaemonCoreImpl::ExpiredLocked(const WorkerRec& w) const {
   return clock_->Now() - w.last_seen > options_.lease_ttl;
 }
 
-absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id) {
+absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
+                                                              const std::string& secret) {
   auto it = workers_.find(id);
+  if (it != workers_.end() && !edge::SecretsEqual(secret, it->second.secret)) {
+    return absl::PermissionDeniedError(absl::StrCat("session_secret does not match worker_id ", id,
+                                                    secret.empty() ? " (none given)" : ""));
+  }
   if (it == workers_.end()) {
     if (id >= id_base_ && id < next_worker_id_) {
       return absl::FailedPreconditionError(
@@ -127,10 +181,6 @@ absl::StatusOr<SequenceRec*> DaemonCoreImpl::FindSequenceLocked(const WorkerRec&
   return &it->second;
 }
 
-int DaemonCoreImpl::PoolOf(const Slot& slot) const {
-  return slot.allocator() == &pools_[1]->slots ? 1 : 0;
-}
-
 std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier, bool count_failures,
                                                 Metrics::DegradeReason* reason) {
   const int i = PoolIndex(tier);
@@ -145,7 +195,7 @@ std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier, bool co
     }
     return std::nullopt;
   }
-  absl::StatusOr<Slot> slot = pools_[i]->slots.Allocate(w.page_bytes[i]);
+  absl::StatusOr<Slot> slot = w.memory[i]->Allocate(w.page_bytes[i]);
   if (!slot.ok()) {
     *reason = i == 0 ? Metrics::DegradeReason::kDdrFull : Metrics::DegradeReason::kCompressedFull;
     if (metrics_ != nullptr && count_failures) {
@@ -154,12 +204,17 @@ std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier, bool co
     return std::nullopt;
   }
   w.pool_bytes[i] += slot->bytes();
+  used_bytes_[i] += slot->bytes();
+  ++slots_used_[i];
   return std::move(*slot);
 }
 
 void DaemonCoreImpl::ReleaseLocked(WorkerRec& w, Slot& slot) {
   if (!slot.valid()) return;
-  w.pool_bytes[PoolOf(slot)] -= slot.bytes();
+  const int i = PoolOf(slot);
+  w.pool_bytes[i] -= slot.bytes();
+  used_bytes_[i] -= slot.bytes();
+  --slots_used_[i];
   slot.Reset();
 }
 
@@ -205,18 +260,95 @@ void DaemonCoreImpl::SetFiguresLocked(SequenceRec& s, const PlacementFigures& f)
 void DaemonCoreImpl::UpdateGaugesLocked() {
   if (metrics_ == nullptr) return;
   for (Tier t : {Tier::kT1, Tier::kT2}) {
-    const SlotAllocator& a = pools_[PoolIndex(t)]->slots;
-    metrics_->SetPool(t, a.capacity(), a.used_bytes(), a.reserved_bytes(), a.slots_used());
+    const int i = PoolIndex(t);
+    metrics_->SetPool(t, pools_[i]->capacity(), used_bytes_[i], pools_[i]->reserved_bytes(),
+                      slots_used_[i]);
   }
   metrics_->SetPlacementTokens(total_tokens_);
   metrics_->SetHbmSavedBytes(total_full_bytes_ - total_t0_bytes_);
   metrics_->SetRegistry(workers_.size(), sequences_.size());
 }
 
+absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::Hello(const edge::PeerCredentials& peer) {
+  absl::MutexLock lock(&mu_);
+  return Count(Metrics::Rpc::kChannelHello, HelloLocked(peer));
+}
+
+absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::HelloLocked(const edge::PeerCredentials& peer) {
+  const SecurityOptions& sec = options_.security;
+  const gid_t pool_gid = sec.pool_gid == static_cast<gid_t>(-1) ? daemon_gid_ : sec.pool_gid;
+  const bool by_default = sec.allow_uids.empty() && sec.allow_gids.empty();
+  bool allowed;
+  std::string rule;
+  if (by_default) {
+    allowed = peer.uid == 0 || peer.uid == daemon_uid_ || InGroup(peer, pool_gid);
+    rule = absl::StrCat("not root, not the daemon's uid ", daemon_uid_,
+                        " and not in the pool group (gid ", pool_gid,
+                        "; security.allow_uids and security.allow_gids are empty)");
+  } else {
+    allowed = Contains(sec.allow_uids, peer.uid) ||
+              std::any_of(sec.allow_gids.begin(), sec.allow_gids.end(),
+                          [&](uint32_t g) { return InGroup(peer, g); });
+    rule = absl::StrCat("not in security.allow_uids [", absl::StrJoin(sec.allow_uids, ", "),
+                        "] and in no group of security.allow_gids [",
+                        absl::StrJoin(sec.allow_gids, ", "), "]");
+  }
+  if (!allowed) {
+    return absl::PermissionDeniedError(absl::StrCat("uid ", peer.uid, " (gid ", peer.gid, ", pid ",
+                                                    peer.pid, ") may not register: ", rule));
+  }
+  const absl::Duration now = clock_->Now();
+  absl::erase_if(tickets_, [&](const auto& kv) { return kv.second.expires <= now; });
+  if (tickets_.size() >= kMaxTickets) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(tickets_.size(), " channel tickets outstanding; try again shortly"));
+  }
+  ASSIGN_OR_RETURN(std::string ticket, edge::NewSecret());
+  const bool operator_view = peer.uid == daemon_uid_ || Contains(sec.operator_uids, peer.uid);
+  tickets_[ticket] = Ticket{peer, now + kTicketTtl, operator_view};
+  v1::ChannelReply reply;
+  reply.set_ticket(std::move(ticket));
+  reply.set_operator_(operator_view);
+  reply.set_ticket_ttl_ms(Ms(kTicketTtl));
+  reply.set_peer_uid(peer.uid);
+  reply.set_peer_gid(peer.gid);
+  reply.set_peer_pid(peer.pid);
+  return reply;
+}
+
+absl::StatusOr<Ticket> DaemonCoreImpl::RedeemTicketLocked(const std::string& t, bool consume,
+                                                          absl::string_view field) {
+  auto it = tickets_.find(t);
+  if (t.empty() || it == tickets_.end() || it->second.expires <= clock_->Now()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, t.empty() ? " is missing" : " is not a live ticket",
+                     ": ask the memory channel (the socket's path + \".mem\") for one first"));
+  }
+  Ticket ticket = it->second;
+  if (consume) tickets_.erase(it);
+  return ticket;
+}
+
 absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
   absl::MutexLock lock(&mu_);
   return Count(Metrics::Rpc::kRegisterWorker, RegisterLocked(request));
+}
+
+absl::Status DaemonCoreImpl::CreateMemoryLocked(WorkerRec& w) {
+  for (int i = 0; i < 2; ++i) {
+    PoolBudget& budget = *pools_[i];
+    // The whole budget, whatever the quota: quotas are checked per grant in bytes and may be
+    // raised by a reload.
+    const uint64_t max_extents = std::max<uint64_t>(1, budget.capacity() / budget.extent_bytes());
+    layout::PoolHeader header =
+        layout::MakePoolHeader(budget.kind(), budget.extent_bytes(), max_extents, w.id, epoch_,
+                               static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+    ASSIGN_OR_RETURN(Extent sealed,
+                     Extent::CreateSealedHeader(absl::StrCat(budget.label(), "-header"), header));
+    w.memory[i] = std::make_unique<WorkerMemory>(&budget, i, max_extents, std::move(sealed));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
@@ -227,29 +359,42 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   uint64_t page_bytes = 0;
   for (uint32_t g = 0; g < geo.layer_groups; ++g)
     page_bytes = std::max(page_bytes, geo.PageBytes(g));
-  if (r.t1_page_bytes() < page_bytes) {
-    return Invalid("t1_page_bytes", absl::StrCat(r.t1_page_bytes(),
-                                                 " is smaller than one page of "
-                                                 "the largest layer group (",
-                                                 page_bytes, ")"));
-  }
-  const uint64_t ddr_cap = pools_[0]->slots.capacity(), cmp_cap = pools_[1]->slots.capacity();
-  if (r.t1_page_bytes() > ddr_cap) {
+  if (r.t1_page_bytes() < page_bytes || r.t1_page_bytes() > kMaxSlotSlack * page_bytes) {
     return Invalid("t1_page_bytes",
-                   absl::StrCat(r.t1_page_bytes(), " exceeds the DDR pool (", ddr_cap, " bytes)"));
+                   absl::StrCat(r.t1_page_bytes(), " must be in [", page_bytes, ", ",
+                                kMaxSlotSlack * page_bytes,
+                                "]: one page of the largest layer group, at most twice that"));
   }
-  if (r.t2_page_bytes() == 0 || r.t2_page_bytes() > cmp_cap) {
+  const uint64_t t2_max = kMaxSlotSlack * r.t1_page_bytes();
+  if (r.t2_page_bytes() == 0 || r.t2_page_bytes() > t2_max) {
     return Invalid("t2_page_bytes",
-                   absl::StrCat("must be in [1, ", cmp_cap, "], got ", r.t2_page_bytes()));
+                   absl::StrCat("must be in [1, ", t2_max, "] (twice t1_page_bytes), got ",
+                                r.t2_page_bytes()));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t slot = i == 0 ? r.t1_page_bytes() : r.t2_page_bytes();
+    if (slot > pools_[i]->extent_bytes()) {
+      return Invalid(i == 0 ? "t1_page_bytes" : "t2_page_bytes",
+                     absl::StrCat(slot, " exceeds one ", i == 0 ? "DDR" : "compressed", " extent (",
+                                  pools_[i]->extent_bytes(), " bytes; pools.extent_mib)"));
+    }
   }
   if (workers_.size() >= options_.max_workers) {
     return absl::ResourceExhaustedError(
         absl::StrCat("max_workers (", options_.max_workers, ") reached"));
   }
+  // Last check before anything changes: the ticket is spent only by a registration that works.
+  ASSIGN_OR_RETURN(Ticket ticket,
+                   RedeemTicketLocked(r.channel_ticket(), /*consume=*/false, "channel_ticket"));
   WorkerRec w;
-  w.id = next_worker_id_++;
+  w.id = next_worker_id_;
+  ASSIGN_OR_RETURN(w.secret, edge::NewSecret());
+  RETURN_IF_ERROR(CreateMemoryLocked(w));
+  tickets_.erase(r.channel_ticket());
+  ++next_worker_id_;
+  w.peer = ticket.peer;
   w.name = SafeText(r.worker_name());
-  w.pid = r.pid();
+  w.pid = ticket.peer.pid;  // the kernel's word, not the request's
   w.model_name = SafeText(r.geometry().model_name());
   w.geometry = geo;
   w.hbm_budget_bytes = r.hbm_budget_bytes();
@@ -257,10 +402,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   w.last_seen = clock_->Now();
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
+  resp.set_session_secret(w.secret);
   resp.set_lease_ttl_ms(Ms(options_.lease_ttl));
   resp.set_heartbeat_interval_ms(Ms(options_.heartbeat_interval));
   resp.set_daemon_epoch(epoch_);
-  for (const auto& pool : pools_) FillPool(*pool, resp.add_pools());
+  resp.set_max_snapshot_entries(options_.max_snapshot_entries);
+  resp.set_max_message_bytes(edge::MaxSnapshotBytes(options_.max_snapshot_entries));
+  for (int i = 0; i < 2; ++i) FillPool(*w.memory[i], pools_[i]->kind(), resp.add_pools());
   workers_.emplace(w.id, std::move(w));
   UpdateGaugesLocked();
   return resp;
@@ -279,13 +427,15 @@ absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::HeartbeatLocked(
                                                       " is not the daemon's (", epoch_,
                                                       "): the daemon restarted; register again"));
   }
-  absl::StatusOr<WorkerRec*> w = AuthenticateLocked(r.worker_id());
+  absl::StatusOr<WorkerRec*> w = AuthenticateLocked(r.worker_id(), r.session_secret());
   if (!w.ok()) {
+    if (w.status().code() == absl::StatusCode::kPermissionDenied) return w.status();
     // A heartbeat from any worker the daemon does not know means: register again.
     return absl::FailedPreconditionError(w.status().message());
   }
   v1::HeartbeatResponse resp;
   resp.set_lease_ttl_ms(Ms(options_.lease_ttl));
+  resp.set_heartbeat_interval_ms(Ms(options_.heartbeat_interval));
   return resp;
 }
 
@@ -297,7 +447,7 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenSequence(
 
 absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
     const v1::OpenSequenceRequest& r) {
-  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
   RETURN_IF_ERROR(CheckMax("prompt_tokens", r.prompt_tokens(), kMaxPromptTokens));
   RETURN_IF_ERROR(CheckMax("tag length", r.tag().size(), kMaxNameBytes));
   ASSIGN_OR_RETURN(PolicySpec policy, ValidatePolicy(r.policy(), w->geometry.page_tokens));
@@ -305,6 +455,10 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
     return absl::ResourceExhaustedError(absl::StrCat("worker_id ", w->id, " has ",
                                                      w->sequences.size(),
                                                      " open sequences: max_sequences_per_worker"));
+  }
+  if (sequences_.size() >= options_.max_sequences) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the node has ", sequences_.size(), " open sequences: limits.max_sequences"));
   }
   SequenceRec s;
   s.id = next_sequence_id_++;
@@ -330,12 +484,75 @@ absl::StatusOr<v1::CloseSequenceResponse> DaemonCoreImpl::CloseSequence(
 
 absl::StatusOr<v1::CloseSequenceResponse> DaemonCoreImpl::CloseLocked(
     const v1::CloseSequenceRequest& r) {
-  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
   ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
   v1::CloseSequenceResponse resp;
   resp.set_slots_freed(FreeSequenceLocked(*w, s->id));
   UpdateGaugesLocked();
   return resp;
+}
+
+absl::StatusOr<v1::CloseWorkerResponse> DaemonCoreImpl::CloseWorker(
+    const v1::CloseWorkerRequest& request) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<v1::CloseWorkerResponse> result =
+      [&]() -> absl::StatusOr<v1::CloseWorkerResponse> {
+    ASSIGN_OR_RETURN(WorkerRec * w,
+                     AuthenticateLocked(request.worker_id(), request.session_secret()));
+    v1::CloseWorkerResponse resp;
+    resp.set_sequences_closed(static_cast<uint32_t>(w->sequences.size()));
+    FreeWorkerLocked(w->id);
+    UpdateGaugesLocked();
+    return resp;
+  }();
+  return Count(Metrics::Rpc::kCloseWorker, std::move(result));
+}
+
+absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchExtents(const edge::PeerCredentials& peer,
+                                                              const v1::FetchExtents& request,
+                                                              std::vector<edge::UniqueFd>* fds) {
+  absl::MutexLock lock(&mu_);
+  return Count(Metrics::Rpc::kFetchExtents, FetchLocked(peer, request, fds));
+}
+
+absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchLocked(const edge::PeerCredentials& peer,
+                                                             const v1::FetchExtents& r,
+                                                             std::vector<edge::UniqueFd>* fds) {
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
+  if (peer.uid != w->peer.uid) {
+    return absl::PermissionDeniedError(absl::StrCat("worker_id ", w->id, " registered as uid ",
+                                                    w->peer.uid, ", not uid ", peer.uid));
+  }
+  if (r.kind() != v1::POOL_KIND_DDR && r.kind() != v1::POOL_KIND_COMPRESSED) {
+    return Invalid("kind", absl::StrCat(static_cast<int>(r.kind()),
+                                        " is not DDR (1) or "
+                                        "COMPRESSED (2)"));
+  }
+  const WorkerMemory& memory = *w->memory[r.kind() == v1::POOL_KIND_DDR ? 0 : 1];
+  if (r.first_extent() > memory.num_extents()) {
+    return Invalid("first_extent", absl::StrCat(r.first_extent(), " is past the worker's ",
+                                                memory.num_extents(), " extents"));
+  }
+  const uint32_t count = std::min(kExtentsPerReply, memory.num_extents() - r.first_extent());
+  std::vector<edge::UniqueFd> dups;
+  auto dup_fd = [&](int fd) -> absl::Status {
+    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) return absl::ResourceExhaustedError("out of file descriptors");
+    dups.emplace_back(d);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(dup_fd(memory.header_fd()));
+  for (uint32_t i = 0; i < count; ++i)
+    RETURN_IF_ERROR(dup_fd(memory.extent_fd(r.first_extent() + i)));
+  *fds = std::move(dups);
+  v1::ChannelReply reply;
+  reply.set_first_extent(r.first_extent());
+  reply.set_extent_count(count);
+  reply.set_total_extents(memory.num_extents());
+  reply.set_peer_uid(peer.uid);
+  reply.set_peer_gid(peer.gid);
+  reply.set_peer_pid(peer.pid);
+  return reply;
 }
 
 absl::StatusOr<v1::GetStatusResponse> DaemonCoreImpl::GetStatus(
@@ -355,18 +572,34 @@ v1::GetStatusResponse DaemonCoreImpl::StatusLocked(const v1::GetStatusRequest& r
   resp.set_metrics_address(options_.metrics_address);
   resp.set_workers(static_cast<uint32_t>(workers_.size()));
   resp.set_sequences(static_cast<uint32_t>(sequences_.size()));
-  for (const auto& pool : pools_) {
+  for (int i = 0; i < 2; ++i) {
+    const PoolBudget& pool = *pools_[i];
     v1::PoolStatus* p = resp.add_pools();
-    p->set_kind(pool->kind == layout::PoolKind::kDdr ? v1::POOL_KIND_DDR
-                                                     : v1::POOL_KIND_COMPRESSED);
-    p->set_shm_name(pool->segment.name());
-    p->set_capacity_bytes(pool->slots.capacity());
-    p->set_used_bytes(pool->slots.used_bytes());
-    p->set_slots_used(pool->slots.slots_used());
+    p->set_kind(WireKind(pool.kind()));
+    p->set_shm_name(absl::StrCat("memfd:", pool.label(), " (", pool.extents_out(), " x ",
+                                 pool.extent_bytes() >> 20, " MiB extents)"));
+    p->set_capacity_bytes(pool.capacity());
+    p->set_used_bytes(used_bytes_[i]);
+    p->set_slots_used(slots_used_[i]);
   }
   resp.set_hbm_saved_bytes(total_full_bytes_ - total_t0_bytes_);
+  // Whose workers and sequences the caller may see: an operator's, its own, or none.
+  bool all = false;
+  uint64_t own = 0;
+  if (!r.operator_ticket().empty()) {
+    absl::StatusOr<Ticket> t = RedeemTicketLocked(r.operator_ticket(), false, "operator_ticket");
+    all = t.ok() && t->operator_view;
+  }
+  if (!all && r.worker_id() != 0) {
+    auto it = workers_.find(r.worker_id());
+    if (it != workers_.end() && edge::SecretsEqual(r.session_secret(), it->second.secret)) {
+      own = it->first;
+    }
+  }
+  resp.set_view(all ? "all" : own != 0 ? "own" : "none");
   if (r.include_workers()) {
     for (const auto& [id, w] : workers_) {
+      if (!all && id != own) continue;
       v1::WorkerStatus* ws = resp.add_worker_list();
       ws->set_worker_id(id);
       ws->set_worker_name(w.name);
@@ -381,6 +614,7 @@ v1::GetStatusResponse DaemonCoreImpl::StatusLocked(const v1::GetStatusRequest& r
   }
   if (r.include_sequences()) {
     for (const auto& [id, s] : sequences_) {
+      if (!all && s.worker_id != own) continue;
       v1::SequenceStatus* ss = resp.add_sequence_list();
       ss->set_sequence_id(id);
       ss->set_worker_id(s.worker_id);
@@ -402,20 +636,33 @@ int DaemonCoreImpl::ReapExpired() {
   }
   for (uint64_t id : expired) FreeWorkerLocked(id);
   if (metrics_ != nullptr && !expired.empty()) metrics_->CountLeaseExpirations(expired.size());
+  const absl::Duration now = clock_->Now();
+  absl::erase_if(tickets_, [&](const auto& kv) { return kv.second.expires <= now; });
   UpdateGaugesLocked();
   return static_cast<int>(expired.size());
 }
 
-void DaemonCoreImpl::Reload(const CoreOptions& options) {
+absl::Status DaemonCoreImpl::Reload(const CoreOptions& options) {
   absl::MutexLock lock(&mu_);
+  const absl::Duration ttl =
+      options.lease_ttl > absl::ZeroDuration() ? options.lease_ttl : options_.lease_ttl;
+  const absl::Duration beat = options.heartbeat_interval > absl::ZeroDuration()
+                                  ? options.heartbeat_interval
+                                  : options_.heartbeat_interval;
+  if (ttl <= beat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("leases.ttl_ms ", Ms(ttl), " must exceed leases.heartbeat_ms ", Ms(beat),
+                     ": workers would lose their leases between heartbeats"));
+  }
   options_.worker_ddr_quota_bytes = options.worker_ddr_quota_bytes;
   options_.worker_compressed_quota_bytes = options.worker_compressed_quota_bytes;
   options_.max_workers = options.max_workers;
   options_.max_sequences_per_worker = options.max_sequences_per_worker;
-  if (options.lease_ttl > absl::ZeroDuration()) options_.lease_ttl = options.lease_ttl;
-  if (options.heartbeat_interval > absl::ZeroDuration()) {
-    options_.heartbeat_interval = options.heartbeat_interval;
-  }
+  options_.max_sequences = options.max_sequences;
+  options_.security = options.security;
+  options_.lease_ttl = ttl;
+  options_.heartbeat_interval = beat;
+  return absl::OkStatus();
 }
 
 }  // namespace internal
@@ -423,17 +670,31 @@ void DaemonCoreImpl::Reload(const CoreOptions& options) {
 namespace {
 
 absl::Status ValidateOptions(const CoreOptions& o) {
-  if (o.ddr_pool_bytes < layout::kSlotAlignment) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ddr_pool_bytes must be >= ", layout::kSlotAlignment, ", got ", o.ddr_pool_bytes));
-  }
-  if (o.compressed_pool_bytes < layout::kSlotAlignment) {
+  constexpr uint64_t kMinPool = 4096;
+  if (o.ddr_pool_bytes < kMinPool) {
     return absl::InvalidArgumentError(
-        absl::StrCat("compressed_pool_bytes must be >= ", layout::kSlotAlignment, ", got ",
-                     o.compressed_pool_bytes));
+        absl::StrCat("ddr_pool_bytes must be >= ", kMinPool, ", got ", o.ddr_pool_bytes));
+  }
+  if (o.compressed_pool_bytes < kMinPool) {
+    return absl::InvalidArgumentError(absl::StrCat("compressed_pool_bytes must be >= ", kMinPool,
+                                                   ", got ", o.compressed_pool_bytes));
+  }
+  if (o.extent_bytes < kMinPool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extent_bytes must be >= ", kMinPool, ", got ", o.extent_bytes));
   }
   if (o.lease_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease_ttl must be positive");
+  }
+  if (o.lease_ttl <= o.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_ttl ", absl::FormatDuration(o.lease_ttl),
+                                                   " must exceed heartbeat_interval ",
+                                                   absl::FormatDuration(o.heartbeat_interval)));
+  }
+  if (o.max_snapshot_entries == 0 || o.max_snapshot_entries > edge::kMaxSnapshotEntriesCap) {
+    return absl::InvalidArgumentError(absl::StrCat("max_snapshot_entries must be in [1, ",
+                                                   edge::kMaxSnapshotEntriesCap, "], got ",
+                                                   o.max_snapshot_entries));
   }
   if (o.shm_prefix.size() < 2 || o.shm_prefix[0] != '/' ||
       o.shm_prefix.find('/', 1) != std::string::npos) {
@@ -443,18 +704,36 @@ absl::Status ValidateOptions(const CoreOptions& o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<internal::Pool>> MakePool(const CoreOptions& o,
-                                                         layout::PoolKind kind, uint64_t epoch) {
-  ShmSegmentOptions so;
-  so.kind = kind;
-  so.name = absl::StrCat(o.shm_prefix, kind == layout::PoolKind::kDdr ? "-ddr-" : "-cmp-", epoch);
-  so.total_bytes = layout::kPoolDataOffset +
-                   (kind == layout::PoolKind::kDdr ? o.ddr_pool_bytes : o.compressed_pool_bytes);
-  so.mode = o.shm_mode;
-  so.group = o.shm_group;
-  so.daemon_epoch = epoch;
-  ASSIGN_OR_RETURN(ShmSegment seg, ShmSegment::Create(so));
-  return std::make_unique<internal::Pool>(std::move(seg), kind);
+// Extents must be creatable before any worker relies on them: one of each pool is made and
+// dropped, and an extent directory must have room for both budgets.
+absl::Status ProbeExtents(const CoreOptions& o) {
+  if (!o.extent_dir.empty()) {
+    struct statvfs st;
+    if (statvfs(o.extent_dir.c_str(), &st) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pools.extent_dir \"", o.extent_dir, "\": ", std::strerror(errno)));
+    }
+    const uint64_t room = uint64_t{st.f_bavail} * st.f_frsize;
+    const uint64_t need = o.ddr_pool_bytes + o.compressed_pool_bytes;
+    if (room < need) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("pools.extent_dir \"", o.extent_dir, "\" has ", room >> 20,
+                       " MiB free but the DDR and "
+                       "compressed budgets need ",
+                       need >> 20,
+                       " MiB: grow the tmpfs or lower pools.ddr_mib "
+                       "and pools.compressed_mib"));
+    }
+  }
+  for (uint64_t capacity : {o.ddr_pool_bytes, o.compressed_pool_bytes}) {
+    const uint64_t bytes = internal::EffectiveExtentBytes(o.extent_bytes, capacity);
+    absl::StatusOr<Extent> probe = Extent::Create("kvtier-probe", bytes, o.extent_dir);
+    if (!probe.ok()) {
+      return absl::Status(probe.status().code(),
+                          absl::StrCat("cannot create pool extents: ", probe.status().message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -462,15 +741,13 @@ absl::StatusOr<std::unique_ptr<internal::Pool>> MakePool(const CoreOptions& o,
 absl::StatusOr<std::unique_ptr<DaemonCore>> DaemonCore::Create(const CoreOptions& options,
                                                                Clock* clock, Metrics* metrics) {
   RETURN_IF_ERROR(ValidateOptions(options));
+  RETURN_IF_ERROR(ProbeExtents(options));
   uint64_t epoch = options.daemon_epoch;
   while (epoch == 0) {
     std::random_device rd;
     epoch = (uint64_t{rd()} << 32 | rd()) & 0x7FFFFFFFFFFFFFFFull;
   }
-  ASSIGN_OR_RETURN(auto ddr, MakePool(options, layout::PoolKind::kDdr, epoch));
-  ASSIGN_OR_RETURN(auto cmp, MakePool(options, layout::PoolKind::kCompressed, epoch));
-  return std::unique_ptr<DaemonCore>(
-      new internal::DaemonCoreImpl(options, clock, metrics, epoch, std::move(ddr), std::move(cmp)));
+  return std::unique_ptr<DaemonCore>(new internal::DaemonCoreImpl(options, clock, metrics, epoch));
 }
 
 }  // namespace kvtier::daemon

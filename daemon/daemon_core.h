@@ -4,32 +4,55 @@
 // The daemon's request handling, independent of gRPC: the service (daemon/service) is a thin
 // adapter that calls one method here per RPC. Tests and the fuzzer drive this class directly.
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/clock/clock.h"
+#include "edge/memory_channel.h"
 #include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier::daemon {
 
 class Metrics;
 
+// Who may register and who may see every worker ([security] in deploy/kvtierd.toml).
+struct SecurityOptions {
+  // Both empty: root, the daemon's own uid and members of the pool group (pool_gid) may
+  // register. Otherwise only these uids and members of these groups.
+  std::vector<uint32_t> allow_uids;
+  std::vector<uint32_t> allow_gids;
+  // May list every worker and sequence (kvtierctl). The daemon's own uid always may.
+  std::vector<uint32_t> operator_uids = {0};
+  gid_t pool_gid = static_cast<gid_t>(-1);  // -1: the daemon's group
+};
+
 // Settings the core needs (the daemon's TOML config carries them; see deploy/kvtierd.toml).
 struct CoreOptions {
-  uint64_t ddr_pool_bytes = 1ull << 30;           // T1 pool size
-  uint64_t compressed_pool_bytes = 512ull << 20;  // T2 pool size
-  std::string shm_prefix = "/kvtier";             // POSIX shm names start with this
-  std::string shm_group;                          // group owning the segments ("" = process gid)
+  uint64_t ddr_pool_bytes = 1ull << 30;           // T1 budget, node-wide
+  uint64_t compressed_pool_bytes = 512ull << 20;  // T2 budget, node-wide
+  // Budgets are handed out in extents of this size (smaller for small budgets: at most a
+  // sixteenth of the budget, at least 2 MiB, never more than the budget).
+  uint64_t extent_bytes = 16ull << 20;
+  // "" = memfd extents; otherwise a tmpfs directory for unnamed (O_TMPFILE) extents.
+  std::string extent_dir;
+  std::string shm_prefix = "/kvtier";  // labels the extents (/proc/PID/maps shows memfd:LABEL)
+  std::string shm_group;               // group owning the sockets ("" = process gid)
   uint32_t shm_mode = 0660;
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
   uint32_t max_workers = 256;
   uint32_t max_sequences_per_worker = 1024;
-  uint64_t worker_ddr_quota_bytes = 0;  // 0 = no per-worker quota
+  uint32_t max_sequences = 65536;              // node-wide
+  uint64_t max_snapshot_entries = 1ull << 21;  // layer_groups x num_pages of one snapshot
+  uint64_t worker_ddr_quota_bytes = 0;         // 0 = no per-worker quota
   uint64_t worker_compressed_quota_bytes = 0;
+  SecurityOptions security;
   std::string listen_address;   // shown in status
   std::string metrics_address;  // shown in status
   uint64_t daemon_epoch = 0;    // 0 = random per start (tests may fix it)
@@ -39,6 +62,9 @@ struct CoreOptions {
 // method may be called concurrently from gRPC threads and the reaper.
 //
 // Semantics the service relies on (see also the proto's comments):
+//  - a worker registers with a ticket from Hello (the memory channel, where the kernel names the
+//    peer) and gets a session secret; a request naming a worker without its secret is
+//    PERMISSION_DENIED and changes nothing (not even the lease);
 //  - every request from a registered worker renews its lease; a lease found expired on a
 //    request is reaped at once (FAILED_PRECONDITION "register again"), ids never issued by this
 //    daemon are NOT_FOUND (Heartbeat answers FAILED_PRECONDITION for both);
@@ -64,16 +90,29 @@ class DaemonCore {
   virtual absl::StatusOr<v1::AckPlanResponse> AckPlan(const v1::AckPlanRequest& request) = 0;
   virtual absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
       const v1::CloseSequenceRequest& request) = 0;
+  virtual absl::StatusOr<v1::CloseWorkerResponse> CloseWorker(
+      const v1::CloseWorkerRequest& request) = 0;
   virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request) = 0;
+
+  // The memory channel's requests. `peer` is what the kernel said about the caller.
+  // Hello: a ticket when the peer may register (PERMISSION_DENIED naming the rule otherwise).
+  virtual absl::StatusOr<v1::ChannelReply> Hello(const edge::PeerCredentials& peer) = 0;
+  // FetchExtents: the caller's own header and extents, as descriptors it owns (duplicates of
+  // the daemon's). The peer's uid must be the registered worker's.
+  virtual absl::StatusOr<v1::ChannelReply> FetchExtents(const edge::PeerCredentials& peer,
+                                                        const v1::FetchExtents& request,
+                                                        std::vector<edge::UniqueFd>* fds) = 0;
 
   // Expires leases older than the TTL (by the injected clock) and returns every slot of those
   // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.
   virtual int ReapExpired() = 0;
 
   // Applies settings that can change without a restart: per-worker quotas, max_workers,
-  // max_sequences_per_worker, lease_ttl and heartbeat_interval (when > 0). Others (pool sizes,
-  // shm names, epoch) are ignored. Lower caps do not evict anything already admitted.
-  virtual void Reload(const CoreOptions& options) = 0;
+  // max_sequences_per_worker, max_sequences, lease_ttl and heartbeat_interval (when > 0),
+  // [security]. Others (pool sizes, extents, epoch) are ignored. Lower caps do not evict
+  // anything already admitted. INVALID_ARGUMENT (and nothing applied) when the lease TTL would
+  // not exceed the heartbeat interval.
+  virtual absl::Status Reload(const CoreOptions& options) = 0;
 };
 
 }  // namespace kvtier::daemon

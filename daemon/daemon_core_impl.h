@@ -20,20 +20,15 @@
 #include "daemon/daemon_core.h"
 #include "daemon/metrics.h"
 #include "daemon/placement_figures.h"
-#include "daemon/shm_segment.h"
 #include "daemon/slot_allocator.h"
 #include "daemon/tiering_adapter.h"
+#include "daemon/worker_memory.h"
 
 namespace kvtier::daemon::internal {
 
-// One shared-memory pool and its slots. Not thread-safe (the core's mutex serializes).
-struct Pool {
-  Pool(ShmSegment s, layout::PoolKind k)
-      : segment(std::move(s)), kind(k), slots(segment.data_bytes()) {}
-  ShmSegment segment;
-  layout::PoolKind kind;
-  SlotAllocator slots;
-};
+// The extent size a budget of `capacity` bytes is handed out in: `configured`, but at most a
+// sixteenth of the budget (at least 2 MiB) and never more than the budget; a multiple of 4 KiB.
+uint64_t EffectiveExtentBytes(uint64_t configured, uint64_t capacity);
 
 // Index 0 = T1 (DDR), 1 = T2 (compressed).
 inline int PoolIndex(tiering::Tier t) { return t == tiering::Tier::kT2 ? 1 : 0; }
@@ -41,6 +36,8 @@ inline bool InPool(tiering::Tier t) { return t == tiering::Tier::kT1 || t == tie
 
 struct WorkerRec {
   uint64_t id = 0;
+  std::string secret;          // the session secret; compared in constant time, never shown
+  edge::PeerCredentials peer;  // from the kernel, at the channel hello before registration
   std::string name;
   int32_t pid = 0;
   std::string model_name;
@@ -50,6 +47,16 @@ struct WorkerRec {
   absl::Duration last_seen;
   absl::flat_hash_set<uint64_t> sequences;
   std::array<uint64_t, 2> pool_bytes{};  // slot bytes held, pending destinations included
+  // The worker's memory of each pool (index PoolIndex). The registry frees the sequences'
+  // slots before a worker record goes away.
+  std::array<std::unique_ptr<WorkerMemory>, 2> memory;
+};
+
+// A channel hello's answer, redeemable at RegisterWorker (once) or GetStatus (operators).
+struct Ticket {
+  edge::PeerCredentials peer;
+  absl::Duration expires;
+  bool operator_view = false;
 };
 
 struct PendingMove {
@@ -89,8 +96,7 @@ struct SequenceRec {
 // Thread-safe: one mutex guards all state. Lock order: mu_ only (pools have no locks).
 class DaemonCoreImpl final : public DaemonCore {
  public:
-  DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics, uint64_t epoch,
-                 std::unique_ptr<Pool> ddr, std::unique_ptr<Pool> compressed);
+  DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics, uint64_t epoch);
   ~DaemonCoreImpl() override;
 
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
@@ -102,9 +108,15 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::StatusOr<v1::AckPlanResponse> AckPlan(const v1::AckPlanRequest& request) override;
   absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
       const v1::CloseSequenceRequest& request) override;
+  absl::StatusOr<v1::CloseWorkerResponse> CloseWorker(
+      const v1::CloseWorkerRequest& request) override;
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request) override;
+  absl::StatusOr<v1::ChannelReply> Hello(const edge::PeerCredentials& peer) override;
+  absl::StatusOr<v1::ChannelReply> FetchExtents(const edge::PeerCredentials& peer,
+                                                const v1::FetchExtents& request,
+                                                std::vector<edge::UniqueFd>* fds) override;
   int ReapExpired() override;
-  void Reload(const CoreOptions& options) override;
+  absl::Status Reload(const CoreOptions& options) override;
 
   // Cross-checks all bookkeeping (tests and the fuzzer): allocator invariants, per-worker and
   // per-pool byte accounting, slots present exactly for pages in T1/T2, figure totals.
@@ -125,10 +137,24 @@ class DaemonCoreImpl final : public DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::GetStatusResponse StatusLocked(const v1::GetStatusRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ChannelReply> HelloLocked(const edge::PeerCredentials& peer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::ChannelReply> FetchLocked(const edge::PeerCredentials& peer,
+                                               const v1::FetchExtents& r,
+                                               std::vector<edge::UniqueFd>* fds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates the worker's memory of both pools (sealed headers; extents come on demand).
+  absl::Status CreateMemoryLocked(WorkerRec& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The unexpired ticket `t` (consumed when `consume`); PERMISSION_DENIED naming `field`.
+  absl::StatusOr<Ticket> RedeemTicketLocked(const std::string& t, bool consume,
+                                            absl::string_view field)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The live worker `id`, lease renewed. NOT_FOUND for ids never issued by this daemon,
-  // FAILED_PRECONDITION for expired ones (an expired lease found here is reaped first).
-  absl::StatusOr<WorkerRec*> AuthenticateLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live worker `id` whose session secret is `secret`, lease renewed. NOT_FOUND for ids
+  // never issued by this daemon, PERMISSION_DENIED for a secret that does not match (nothing is
+  // changed, not even the lease), FAILED_PRECONDITION for expired ones (reaped first).
+  absl::StatusOr<WorkerRec*> AuthenticateLocked(uint64_t id, const std::string& secret)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's sequence: NOT_FOUND when unknown, PERMISSION_DENIED when another worker's.
   absl::StatusOr<SequenceRec*> FindSequenceLocked(const WorkerRec& w, uint64_t sequence_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -156,8 +182,12 @@ class DaemonCoreImpl final : public DaemonCore {
                                             tiering::Placement& target, Shortage* shortage)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(WorkerRec& w, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int PoolOf(const Slot& slot) const;
+  static int PoolOf(const Slot& slot) { return slot.allocator()->tag(); }
 
+  // Records pages the snapshot reports evicted (T3) that the record still places elsewhere: the
+  // worker evicted them while the daemon was out of reach. Their slots are freed.
+  void AdoptWorkerEvictionsLocked(WorkerRec& w, SequenceRec& s, const std::string& tiers,
+                                  uint32_t num_pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grows the acknowledged placement to `num_pages` (new pages in T0).
   void GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -184,8 +214,10 @@ class DaemonCoreImpl final : public DaemonCore {
   const uint64_t epoch_;
   const absl::Duration start_;
   const uint64_t id_base_;
-  // Pools are declared before the registry so slots are released before allocators go away.
-  std::array<std::unique_ptr<Pool>, 2> pools_;
+  const uid_t daemon_uid_;
+  const gid_t daemon_gid_;
+  // Budgets are declared before the registry, which holds extents charged to them.
+  std::array<std::unique_ptr<PoolBudget>, 2> pools_;
 
   mutable absl::Mutex mu_;
   CoreOptions options_ ABSL_GUARDED_BY(mu_);
@@ -193,6 +225,10 @@ class DaemonCoreImpl final : public DaemonCore {
   uint64_t next_sequence_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, WorkerRec> workers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, SequenceRec> sequences_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Ticket> tickets_ ABSL_GUARDED_BY(mu_);
+  // Slot bytes and slots granted, node-wide, per pool.
+  std::array<uint64_t, 2> used_bytes_ ABSL_GUARDED_BY(mu_){};
+  std::array<uint64_t, 2> slots_used_ ABSL_GUARDED_BY(mu_){};
   // Sums over open sequences' acknowledged placements.
   std::array<uint64_t, tiering::kNumTiers> total_tokens_ ABSL_GUARDED_BY(mu_){};
   uint64_t total_full_bytes_ ABSL_GUARDED_BY(mu_) = 0;

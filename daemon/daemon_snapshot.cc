@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
 #include "daemon/daemon_core_impl.h"
+#include "edge/message_limits.h"
 
 namespace kvtier::daemon::internal {
 namespace {
@@ -14,14 +15,11 @@ namespace {
 using tiering::Placement;
 using tiering::Tier;
 
-// Bound on group x page entries of one snapshot (16M pages of 16 tokens = 256M positions).
-constexpr uint64_t kMaxSnapshotEntries = 1ull << 24;
-
 absl::Status Precondition(absl::string_view what) { return absl::FailedPreconditionError(what); }
 
 // Checks a snapshot against the geometry and the acknowledged record. Changes nothing.
 absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& geo,
-                              const v1::SubmitSnapshotRequest& r) {
+                              uint64_t max_entries, const v1::SubmitSnapshotRequest& r) {
   if (s.pending.has_value()) {
     return Precondition(absl::StrCat("sequence_id ", s.id, ": plan ", s.pending->version,
                                      " is not acknowledged yet (one plan in flight)"));
@@ -38,9 +36,10 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
     return absl::InvalidArgumentError(absl::StrCat(
         "length ", r.length(), " must be >= prompt_tokens (", s.prompt_tokens, ") and > 0"));
   }
-  if (r.length() > kMaxSnapshotEntries * geo.page_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("length ", r.length(), " exceeds ", kMaxSnapshotEntries * geo.page_tokens));
+  if (r.length() > max_entries * geo.page_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("length ", r.length(), " exceeds ",
+                                                   max_entries * geo.page_tokens,
+                                                   " (limits.max_snapshot_entries x page_tokens)"));
   }
   const uint64_t pages = geo.NumPages(r.length());
   if (r.num_pages() != pages) {
@@ -48,10 +47,10 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
         "num_pages ", r.num_pages(), " must equal ceil(length / page_tokens) = ", pages));
   }
   const uint64_t entries = pages * geo.layer_groups;
-  if (entries > kMaxSnapshotEntries) {
+  if (entries > max_entries) {
     return absl::InvalidArgumentError(absl::StrCat("num_pages ", r.num_pages(), " x ",
                                                    geo.layer_groups, " groups exceeds ",
-                                                   kMaxSnapshotEntries));
+                                                   max_entries, " (limits.max_snapshot_entries)"));
   }
   if (static_cast<uint64_t>(r.page_scores_size()) != entries) {
     return absl::InvalidArgumentError(
@@ -80,7 +79,10 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
             absl::StrCat("current_tiers[", i, "] is ", int{t}, ", not a tier (0..3)"));
       }
       const Tier expected = p < old_pages ? s.placement.at(g, static_cast<uint32_t>(p)) : Tier::kT0;
-      if (static_cast<Tier>(t) != expected) {
+      // A page the worker evicted on its own while the daemon was out of reach (DESIGN.md §3:
+      // the same policy, no new offloads) is adopted: the evicted set only grows.
+      const bool evicted_by_worker = static_cast<Tier>(t) == Tier::kT3 && p < old_pages;
+      if (static_cast<Tier>(t) != expected && !evicted_by_worker) {
         return Precondition(absl::StrCat("current_tiers[", i, "] (group ", g, ", page ", p,
                                          ") is T", int{t}, " but the acknowledged placement says ",
                                          std::string(tiering::TierName(expected))));
@@ -156,6 +158,20 @@ std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const Se
   return dst;
 }
 
+void DaemonCoreImpl::AdoptWorkerEvictionsLocked(WorkerRec& w, SequenceRec& s,
+                                                const std::string& tiers, uint32_t num_pages) {
+  const uint32_t old_pages = s.placement.num_pages;
+  for (uint32_t g = 0; g < s.placement.num_groups; ++g) {
+    for (uint32_t p = 0; p < old_pages; ++p) {
+      if (static_cast<Tier>(tiers[size_t{g} * num_pages + p]) != Tier::kT3) continue;
+      const size_t i = size_t{g} * old_pages + p;
+      if (s.placement.tiers[i] == Tier::kT3) continue;
+      ReleaseLocked(w, s.slots[i]);
+      s.placement.tiers[i] = Tier::kT3;
+    }
+  }
+}
+
 void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages) {
   s.length = length;
   if (num_pages == s.placement.num_pages) return;
@@ -212,15 +228,24 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
 }
 
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnapshotRequest& r) {
-  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
   ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
-  if (r.applied_plan_version() != 0) {
+  const bool replayed_ack = r.applied_plan_version() != 0 && !s->pending.has_value() &&
+                            r.applied_plan_version() == s->last_applied;
+  if (r.applied_plan_version() != 0 && !replayed_ack) {
     // Exactly an AckPlan ahead of the snapshot: it stands even if the snapshot is refused.
     RETURN_IF_ERROR(
         AcknowledgeLocked(*w, *s, r.applied_plan_version(), true, "applied_plan_version"));
     UpdateGaugesLocked();  // the freed sources show even if the snapshot is refused below
   }
-  RETURN_IF_ERROR(ValidateSnapshot(*s, w->geometry, r));
+  if (r.abandon_pending() && s->pending.has_value()) {
+    // The worker never saw this plan (its reply was lost): refused, so its destinations return.
+    RETURN_IF_ERROR(AcknowledgeLocked(*w, *s, s->pending->version, false, "abandon_pending"));
+    if (metrics_ != nullptr) metrics_->CountAbandonedPlan();
+    UpdateGaugesLocked();
+  }
+  RETURN_IF_ERROR(ValidateSnapshot(*s, w->geometry, options_.max_snapshot_entries, r));
+  AdoptWorkerEvictionsLocked(*w, *s, r.current_tiers(), r.num_pages());
   GrowLocked(*s, r.length(), r.num_pages());
   SetFiguresLocked(*s, ComputeFigures(w->geometry, s->placement, s->prompt_tokens, s->length));
 
@@ -277,6 +302,8 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
     }
   }
   plan.set_protected_overflow(decision.protected_overflow);
+  plan.set_ddr_extents(w->memory[0]->num_extents());
+  plan.set_compressed_extents(w->memory[1]->num_extents());
   if (decision.protected_overflow && metrics_ != nullptr) metrics_->CountProtectedOverflow();
   pending.figures = ComputeFigures(w->geometry, target, s->prompt_tokens, s->length);
   pending.figures.ToProto(plan.mutable_report());
@@ -292,8 +319,12 @@ absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckPlan(const v1::AckPlanReq
 }
 
 absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckLocked(const v1::AckPlanRequest& r) {
-  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id()));
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
   ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
+  // A replayed ack (the first one's reply was lost) settles nothing twice.
+  const bool settled = !s->pending.has_value() && r.plan_version() != 0 &&
+                       r.plan_version() == (r.applied() ? s->last_applied : s->last_acked);
+  if (settled) return v1::AckPlanResponse();
   RETURN_IF_ERROR(AcknowledgeLocked(*w, *s, r.plan_version(), r.applied(), "plan_version"));
   UpdateGaugesLocked();
   return v1::AckPlanResponse();
@@ -338,8 +369,8 @@ namespace kvtier::daemon::internal {
 
 absl::Status DaemonCoreImpl::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
-  for (const auto& pool : pools_) RETURN_IF_ERROR(pool->slots.CheckInvariants());
   std::array<uint64_t, 2> pool_bytes{};
+  std::array<uint64_t, 2> extents{};
   std::array<uint64_t, tiering::kNumTiers> tokens{};
   uint64_t full = 0, t0 = 0;
   for (const auto& [wid, w] : workers_) {
@@ -380,14 +411,22 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
     }
     pool_bytes[0] += held[0];
     pool_bytes[1] += held[1];
+    for (int i = 0; i < 2; ++i) {
+      RETURN_IF_ERROR(w.memory[i]->CheckInvariants());
+      extents[i] += w.memory[i]->num_extents();
+    }
   }
   size_t listed = 0;
   for (const auto& [wid, w] : workers_) listed += w.sequences.size();
   if (listed != sequences_.size()) return absl::InternalError("orphan sequences");
   for (int i = 0; i < 2; ++i) {
-    if (pool_bytes[i] != pools_[i]->slots.used_bytes()) {
-      return absl::InternalError(absl::StrCat("pool ", i, " used ", pools_[i]->slots.used_bytes(),
-                                              " but workers hold ", pool_bytes[i]));
+    if (pool_bytes[i] != used_bytes_[i]) {
+      return absl::InternalError(
+          absl::StrCat("pool ", i, " used ", used_bytes_[i], " but workers hold ", pool_bytes[i]));
+    }
+    if (extents[i] * pools_[i]->extent_bytes() != pools_[i]->reserved_bytes()) {
+      return absl::InternalError(absl::StrCat("pool ", i, " reserves ", pools_[i]->reserved_bytes(),
+                                              " but workers hold ", extents[i], " extents"));
     }
   }
   if (tokens != total_tokens_ || full != total_full_bytes_ || t0 != total_t0_bytes_) {

@@ -33,11 +33,12 @@ int PoolIndex(Tier t) { return t == Tier::kT2 ? 1 : 0; }
 }  // namespace
 
 absl::string_view RpcName(Metrics::Rpc rpc) {
-  static constexpr std::array<absl::string_view, 7> kNames = {
-      "RegisterWorker", "Heartbeat",     "OpenSequence", "SubmitSnapshot",
-      "AckPlan",        "CloseSequence", "GetStatus"};
+  static constexpr std::array<absl::string_view, 10> kNames = {
+      "RegisterWorker", "Heartbeat", "OpenSequence", "SubmitSnapshot", "AckPlan",
+      "CloseSequence",  "GetStatus", "CloseWorker",  "ChannelHello",   "FetchExtents"};
+  static_assert(kNames.size() == static_cast<size_t>(Metrics::Rpc::kCount));
   int i = static_cast<int>(rpc);
-  return i >= 0 && i < 7 ? kNames[i] : "unknown";
+  return i >= 0 && i < static_cast<int>(kNames.size()) ? kNames[i] : "unknown";
 }
 
 struct Metrics::Families {
@@ -57,7 +58,7 @@ struct Metrics::Families {
   prometheus::Counter* evicted_tokens = nullptr;
   std::array<prometheus::Counter*, 3> degraded{};
   prometheus::Counter* protected_overflow = nullptr;
-  std::array<prometheus::Counter*, 2> acks{};  // [refused, applied]
+  std::array<prometheus::Counter*, 3> acks{};  // [refused, applied, abandoned]
 };
 
 Metrics::Metrics()
@@ -118,7 +119,8 @@ std::unique_ptr<Metrics> Metrics::Create() {
   for (int i = 0; i < Families::kRpcs; ++i) {
     for (absl::StatusCode code :
          {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound,
-          absl::StatusCode::kFailedPrecondition, absl::StatusCode::kResourceExhausted}) {
+          absl::StatusCode::kFailedPrecondition, absl::StatusCode::kResourceExhausted,
+          absl::StatusCode::kPermissionDenied}) {
       f.errors_family->Add({{"rpc", S(RpcName(static_cast<Rpc>(i)))},
                             {"code", absl::AsciiStrToLower(absl::StatusCodeToString(code))}});
     }
@@ -151,6 +153,7 @@ std::unique_ptr<Metrics> Metrics::Create() {
   auto& acks = counter("kvtier_plan_acks_total", "Plan acknowledgements by result.");
   f.acks[0] = &acks.Add({{"result", "refused"}});
   f.acks[1] = &acks.Add({{"result", "applied"}});
+  f.acks[2] = &acks.Add({{"result", "abandoned"}});
   return m;
 }
 
@@ -217,5 +220,6 @@ void Metrics::CountDegraded(DegradeReason reason) {
 void Metrics::CountProtectedOverflow() { f_->protected_overflow->Increment(); }
 
 void Metrics::CountAck(bool applied) { f_->acks[applied ? 1 : 0]->Increment(); }
+void Metrics::CountAbandonedPlan() { f_->acks[2]->Increment(); }
 
 }  // namespace kvtier::daemon

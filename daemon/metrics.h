@@ -69,6 +69,9 @@ class Metrics {
     kAckPlan,
     kCloseSequence,
     kGetStatus,
+    kCloseWorker,
+    kChannelHello,  // the memory channel's requests
+    kFetchExtents,
     kCount
   };
   enum class DegradeReason : int { kDdrFull, kCompressedFull, kQuota, kCount };
@@ -94,6 +97,8 @@ class Metrics {
   void CountDegraded(DegradeReason reason);
   void CountProtectedOverflow();
   void CountAck(bool applied);
+  // A plan the worker never received, refused by its next snapshot (abandon_pending).
+  void CountAbandonedPlan();
 
  private:
   Metrics();

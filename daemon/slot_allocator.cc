@@ -31,8 +31,8 @@ void Slot::Reset() {
   bytes_ = 0;
 }
 
-SlotAllocator::SlotAllocator(uint64_t capacity)
-    : capacity_(capacity / kAlign * kAlign), free_bytes_(capacity_) {
+SlotAllocator::SlotAllocator(uint64_t capacity, uint64_t base, int tag)
+    : capacity_(capacity / kAlign * kAlign), base_(base), tag_(tag), free_bytes_(capacity_) {
   if (capacity_ > 0) AddFree(0, capacity_);
 }
 
@@ -84,6 +84,13 @@ void SlotAllocator::ReturnExtent(uint64_t offset, uint64_t bytes) {
   AddFree(offset, bytes);
 }
 
+bool SlotAllocator::CanAllocate(uint64_t bytes) const {
+  if (bytes == 0 || bytes > capacity_) return false;
+  const uint64_t slot = RoundUp(bytes);
+  auto it = classes_.find(slot);
+  return (it != classes_.end() && !it->second.partial.empty()) || largest_free_extent() >= slot;
+}
+
 absl::StatusOr<Slot> SlotAllocator::Allocate(uint64_t bytes) {
   if (bytes == 0 || bytes > capacity_) {
     return absl::InvalidArgumentError(
@@ -119,10 +126,11 @@ absl::StatusOr<Slot> SlotAllocator::Allocate(uint64_t bytes) {
   if (e.free_slots.empty()) cls.partial.erase(ext_off);
   used_bytes_ += slot;
   ++slots_used_;
-  return Slot(this, ext_off + uint64_t{idx} * slot, slot);
+  return Slot(this, base_ + ext_off + uint64_t{idx} * slot, slot);
 }
 
 void SlotAllocator::Free(uint64_t offset, uint64_t bytes) {
+  offset -= base_;
   auto it = extents_.upper_bound(offset);
   assert(it != extents_.begin());
   --it;

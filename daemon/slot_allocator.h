@@ -15,7 +15,7 @@
 // short pool carves smaller extents rather than fail while a slot still fits. Slack
 // (reserved_bytes - used_bytes) is what was freed and not yet reused; the randomized churn test
 // keeps it under half of the used bytes.
-// Slot offsets are relative to the pool's data_offset and are multiples of kSlotAlignment.
+// Slot offsets are base + a multiple of kSlotAlignment.
 
 #include <cstdint>
 #include <map>
@@ -65,8 +65,10 @@ class SlotAllocator {
   // Extents hold about this many bytes (or one slot when a slot is larger).
   static constexpr uint64_t kExtentTarget = 2ull << 20;
 
-  // `capacity` bytes of slot space, rounded down to kSlotAlignment.
-  explicit SlotAllocator(uint64_t capacity);
+  // `capacity` bytes of slot space, rounded down to kSlotAlignment. Slot offsets start at `base`
+  // (a worker's extent i hands out offsets from i * extent_bytes); `tag` is the owner's label
+  // for the allocator (the pool it serves).
+  explicit SlotAllocator(uint64_t capacity, uint64_t base = 0, int tag = 0);
   SlotAllocator(const SlotAllocator&) = delete;
   SlotAllocator& operator=(const SlotAllocator&) = delete;
   // REQUIRES: every Slot has been released.
@@ -75,8 +77,12 @@ class SlotAllocator {
   // A slot of at least `bytes` (> 0). RESOURCE_EXHAUSTED when no space is left,
   // INVALID_ARGUMENT for 0 or more than the capacity.
   absl::StatusOr<Slot> Allocate(uint64_t bytes);
+  // Whether Allocate(bytes) would succeed (cheap: no status is built).
+  bool CanAllocate(uint64_t bytes) const;
 
   uint64_t capacity() const { return capacity_; }
+  uint64_t base() const { return base_; }
+  int tag() const { return tag_; }
   // Bytes of granted slots (rounded sizes).
   uint64_t used_bytes() const { return used_bytes_; }
   uint64_t slots_used() const { return slots_used_; }
@@ -109,6 +115,8 @@ class SlotAllocator {
   void RemoveFree(uint64_t offset, uint64_t bytes);
 
   uint64_t capacity_;
+  uint64_t base_;
+  int tag_;
   uint64_t free_bytes_;
   uint64_t used_bytes_ = 0;
   uint64_t slots_used_ = 0;

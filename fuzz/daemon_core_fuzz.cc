@@ -7,6 +7,7 @@
 // mismatch, crash or sanitizer report is a finding.
 
 #include <fuzzer/FuzzedDataProvider.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -182,6 +183,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   DaemonCore* core = created->get();
   std::vector<WorkerView> workers;
   std::map<uint64_t, SeqView> seqs;
+  std::map<uint64_t, std::string> secrets;  // worker id -> session secret
+  const kvtier::edge::PeerCredentials self{getuid(), getgid(), getpid(), {}};
+  // Mostly the worker's own secret; sometimes none, a wrong one, or another worker's.
+  auto secret_for = [&](uint64_t id) -> std::string {
+    const int pick = in.ConsumeIntegralInRange<int>(0, 15);
+    if (pick == 0) return "";
+    if (pick == 1) return in.ConsumeBytesAsString(16);
+    if (pick == 2 && !secrets.empty()) return secrets.begin()->second;
+    auto it = secrets.find(id);
+    return it == secrets.end() ? in.ConsumeBytesAsString(16) : it->second;
+  };
 
   for (int step = 0; step < 64 && in.remaining_bytes() > 0; ++step) {
     const int op = in.ConsumeIntegralInRange<int>(0, 9);
@@ -202,9 +214,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (op) {
       case 0: {
         v1::RegisterWorkerRequest r = FuzzRegister(in);
+        if (in.ConsumeIntegralInRange<int>(0, 7) != 0) {
+          auto hello = core->Hello(self);
+          if (!hello.ok()) std::abort();  // this process may always register
+          r.set_channel_ticket(hello->ticket());
+        } else {
+          r.set_channel_ticket(in.ConsumeBytesAsString(16));
+        }
         auto resp = core->RegisterWorker(r);
         if (resp.ok()) {
           ++g_ok[0];
+          secrets[resp->worker_id()] = resp->session_secret();
           workers.push_back({resp->worker_id(), resp->daemon_epoch(), r.geometry().layer_groups(),
                              r.geometry().page_tokens()});
         }
@@ -215,12 +235,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r.set_worker_id(pick_worker());
         r.set_daemon_epoch(workers.empty() || in.ConsumeBool() ? in.ConsumeIntegral<uint64_t>()
                                                                : workers[0].epoch);
+        r.set_session_secret(secret_for(r.worker_id()));
         if (core->Heartbeat(r).ok()) ++g_ok[1];
         break;
       }
       case 2: {
         v1::OpenSequenceRequest r;
         r.set_worker_id(pick_worker());
+        r.set_session_secret(secret_for(r.worker_id()));
         r.set_prompt_tokens(in.ConsumeIntegralInRange<uint64_t>(0, 300));
         *r.mutable_policy() = FuzzPolicy(in);
         auto resp = core->OpenSequence(r);
@@ -255,12 +277,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           r.set_current_tiers(in.ConsumeRandomLengthString(300));
           r.set_last_plan_version(in.ConsumeIntegralInRange<uint64_t>(0, 3));
         }
+        r.set_session_secret(secret_for(r.worker_id()));
         auto plan = core->SubmitSnapshot(r);
         if (plan.ok()) ++g_ok[3];
         // A carried ack stands even when the snapshot is refused after it.
         if (it != seqs.end() && it->second.inflight && r.applied_plan_version() != 0 &&
             r.applied_plan_version() == it->second.plan.plan_version() &&
-            r.worker_id() == it->second.worker &&
+            r.worker_id() == it->second.worker && r.session_secret() == secrets[r.worker_id()] &&
             (plan.ok() ||
              plan.status().message().find("applied_plan_version") == std::string::npos)) {
           SeqView& s = it->second;
@@ -285,6 +308,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto it = seqs.find(id);
         v1::AckPlanRequest r;
         r.set_worker_id(it != seqs.end() && in.ConsumeBool() ? it->second.worker : pick_worker());
+        r.set_session_secret(secret_for(r.worker_id()));
         r.set_sequence_id(id);
         bool use_real = it != seqs.end() && it->second.inflight && in.ConsumeBool();
         r.set_plan_version(use_real ? it->second.plan.plan_version()
@@ -292,7 +316,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r.set_applied(in.ConsumeBool());
         const bool acked = core->AckPlan(r).ok();
         if (acked) ++g_ok[4];
-        if (acked && it != seqs.end()) {
+        // A replayed ack succeeds and changes nothing: only the plan in flight moves the view.
+        if (acked && it != seqs.end() && it->second.inflight &&
+            r.plan_version() == it->second.plan.plan_version()) {
           SeqView& s = it->second;
           s.inflight = false;
           s.last_plan = r.plan_version();
@@ -305,6 +331,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         uint64_t id = pick_seq();
         auto it = seqs.find(id);
         r.set_worker_id(it != seqs.end() && in.ConsumeBool() ? it->second.worker : pick_worker());
+        r.set_session_secret(secret_for(r.worker_id()));
         r.set_sequence_id(id);
         if (core->CloseSequence(r).ok()) {
           ++g_ok[5];
@@ -329,7 +356,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         CoreOptions n = o;
         n.worker_ddr_quota_bytes = in.ConsumeIntegralInRange<uint64_t>(0, 1 << 18);
         n.worker_compressed_quota_bytes = in.ConsumeIntegralInRange<uint64_t>(0, 1 << 17);
-        core->Reload(n);
+        (void)core->Reload(n);
         break;
       }
     }

@@ -1,6 +1,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -9,18 +10,41 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/rpc/rpc_status.h"
+#include "client/lib/extent_mapping.h"
 #include "core/status/status_macros.h"
+#include "edge/memory_channel.h"
+#include "edge/message_limits.h"
+#include "edge/rpc_status.h"
 #include "kvtier/client.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
 namespace kvtier {
 namespace {
 
+using internal::ExtentMapping;
+
+// While the daemon does not answer, heartbeats retry this often, so a session resumes within a
+// fraction of a second of the daemon coming back.
+constexpr absl::Duration kRetryInterval = absl::Milliseconds(100);
+
+// The daemon says the session is gone: register again (lease expired, daemon restarted).
+bool SessionLost(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kNotFound ||
+         (s.code() == absl::StatusCode::kFailedPrecondition &&
+          absl::StrContains(s.message(), "register again"));
+}
+
+bool Unreachable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
 class WorkerClientImpl final : public WorkerClient {
  public:
-  explicit WorkerClientImpl(const ClientOptions& options)
-      : options_(options), stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
+  WorkerClientImpl(const ClientOptions& options, std::string channel_path)
+      : options_(options),
+        channel_path_(std::move(channel_path)),
+        stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
 
   // After losing the daemon, a fresh channel connects at once instead of waiting out the old
   // one's reconnect backoff.
@@ -31,12 +55,16 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   // A restarted daemon must be found again within a heartbeat or two, not after gRPC's default
-  // reconnect backoff (up to two minutes).
+  // reconnect backoff (up to two minutes). Message limits: what the largest plan any daemon
+  // config allows needs, and the largest snapshot (checked per call against the daemon's own).
   static std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetMaxReceiveMessageSize(static_cast<int>(edge::MaxReplyBytes()));
+    args.SetMaxSendMessageSize(
+        static_cast<int>(edge::MaxSnapshotBytes(edge::kMaxSnapshotEntriesCap)));
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
 
@@ -47,22 +75,40 @@ class WorkerClientImpl final : public WorkerClient {
     }
     stop_cv_.notify_all();
     if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+    // Give the memory back now rather than when the lease runs out.
+    v1::CloseWorkerRequest request;
+    Sign(&request);
+    v1::CloseWorkerResponse response;
+    if (!request.session_secret().empty()) {
+      (void)Call(&v1::KvTier::Stub::CloseWorker, request, &response);
+    }
   }
 
   absl::Status Register() {
+    ASSIGN_OR_RETURN(v1::ChannelReply hello, ChannelHello(options_.address));
     v1::RegisterWorkerRequest request = options_.registration;
     request.set_pid(getpid());
+    request.set_channel_ticket(hello.ticket());
     v1::RegisterWorkerResponse response;
     RETURN_IF_ERROR(Call(&v1::KvTier::Stub::RegisterWorker, request, &response));
-    std::shared_ptr<PoolMapping> ddr, compressed;
+    std::shared_ptr<ExtentMapping> ddr, compressed;
     for (const v1::PoolDescriptor& d : response.pools()) {
-      ASSIGN_OR_RETURN(std::shared_ptr<PoolMapping> mapping, MapPool(d));
+      ASSIGN_OR_RETURN(std::shared_ptr<ExtentMapping> mapping,
+                       ExtentMapping::Reserve(d, response.worker_id(), response.daemon_epoch()));
+      // Checks the sealed header before anything relies on the pool.
+      RETURN_IF_ERROR(mapping->Grow(0, channel_path_, response.session_secret()));
       (d.kind() == v1::POOL_KIND_DDR ? ddr : compressed) = std::move(mapping);
+    }
+    if (ddr == nullptr || compressed == nullptr) {
+      return absl::InternalError("kvtierd described no DDR or no compressed pool");
     }
     absl::MutexLock lock(&mu_);
     worker_id_ = response.worker_id();
+    secret_ = response.session_secret();
     epoch_ = response.daemon_epoch();
     heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+    lease_ttl_ = absl::Milliseconds(response.lease_ttl_ms());
+    max_snapshot_entries_ = response.max_snapshot_entries();
     ddr_ = std::move(ddr);
     compressed_ = std::move(compressed);
     ++generation_;
@@ -95,6 +141,10 @@ class WorkerClientImpl final : public WorkerClient {
     absl::MutexLock lock(&mu_);
     return connected_;
   }
+  absl::Duration lease_ttl() const override {
+    absl::MutexLock lock(&mu_);
+    return lease_ttl_;
+  }
   std::shared_ptr<PoolMapping> pool(v1::PoolKind kind) const override {
     absl::MutexLock lock(&mu_);
     return kind == v1::POOL_KIND_DDR ? ddr_ : compressed_;
@@ -103,7 +153,7 @@ class WorkerClientImpl final : public WorkerClient {
   absl::StatusOr<uint64_t> OpenSequence(uint64_t prompt_tokens, const v1::PolicyConfig& policy,
                                         const std::string& tag) override {
     v1::OpenSequenceRequest request;
-    request.set_worker_id(worker_id());
+    Sign(&request);
     request.set_prompt_tokens(prompt_tokens);
     *request.mutable_policy() = policy;
     request.set_tag(tag);
@@ -113,16 +163,32 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   absl::StatusOr<v1::TierPlan> SubmitSnapshot(v1::SubmitSnapshotRequest snapshot) override {
-    snapshot.set_worker_id(worker_id());
+    Sign(&snapshot);
+    const uint64_t entries = static_cast<uint64_t>(snapshot.page_scores_size());
+    {
+      absl::MutexLock lock(&mu_);
+      if (max_snapshot_entries_ > 0 && entries > max_snapshot_entries_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "snapshot of ", entries, " entries exceeds the daemon's limits.max_snapshot_entries (",
+            max_snapshot_entries_, ")"));
+      }
+    }
     v1::TierPlan plan;
     RETURN_IF_ERROR(Call(&v1::KvTier::Stub::SubmitSnapshot, snapshot, &plan));
+    // The plan's slots may lie in extents this process has not mapped yet.
+    absl::Status mapped = MapExtentsFor(plan);
+    if (!mapped.ok()) {
+      (void)AckPlan(plan.sequence_id(), plan.plan_version(), false,
+                    absl::StrCat("cannot map the plan's extents: ", mapped.message()));
+      return mapped;
+    }
     return plan;
   }
 
   absl::Status AckPlan(uint64_t sequence_id, uint64_t plan_version, bool applied,
                        const std::string& error) override {
     v1::AckPlanRequest request;
-    request.set_worker_id(worker_id());
+    Sign(&request);
     request.set_sequence_id(sequence_id);
     request.set_plan_version(plan_version);
     request.set_applied(applied);
@@ -133,7 +199,7 @@ class WorkerClientImpl final : public WorkerClient {
 
   absl::Status CloseSequence(uint64_t sequence_id) override {
     v1::CloseSequenceRequest request;
-    request.set_worker_id(worker_id());
+    Sign(&request);
     request.set_sequence_id(sequence_id);
     v1::CloseSequenceResponse response;
     return Call(&v1::KvTier::Stub::CloseSequence, request, &response);
@@ -141,6 +207,7 @@ class WorkerClientImpl final : public WorkerClient {
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(bool workers, bool sequences) override {
     v1::GetStatusRequest request;
+    Sign(&request);
     request.set_include_workers(workers);
     request.set_include_sequences(sequences);
     v1::GetStatusResponse response;
@@ -149,25 +216,56 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   absl::Status HeartbeatOnce() override {
-    if (!connected()) {
-      NewChannel();
-      return Register();
-    }
+    if (!connected() && generation() == 0) return Register();
     v1::HeartbeatRequest request;
+    Sign(&request);
     {
       absl::MutexLock lock(&mu_);
-      request.set_worker_id(worker_id_);
       request.set_daemon_epoch(epoch_);
     }
     v1::HeartbeatResponse response;
     absl::Status s = Call(&v1::KvTier::Stub::Heartbeat, request, &response);
-    if (s.ok()) return s;
-    // Lease lost or daemon restarted (FAILED_PRECONDITION / NOT_FOUND), or unreachable: try to
-    // register again right away; until that works the worker runs on its own.
-    return Register();
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      lease_ttl_ = absl::Milliseconds(response.lease_ttl_ms());
+      if (response.heartbeat_interval_ms() > 0) {
+        heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+      }
+      return s;
+    }
+    // Lost only when the daemon says so; a daemon that does not answer keeps the session (it
+    // resumes once the daemon answers, as long as the lease lives).
+    if (SessionLost(s)) return Register();
+    if (s.code() == absl::StatusCode::kUnavailable) NewChannel();
+    return s;
   }
 
  private:
+  template <typename Request>
+  void Sign(Request* request) const {
+    absl::MutexLock lock(&mu_);
+    request->set_worker_id(worker_id_);
+    request->set_session_secret(secret_);
+  }
+
+  absl::Status MapExtentsFor(const v1::TierPlan& plan) {
+    std::shared_ptr<ExtentMapping> ddr, compressed;
+    std::string secret;
+    {
+      absl::MutexLock lock(&mu_);
+      ddr = ddr_;
+      compressed = compressed_;
+      secret = secret_;
+    }
+    if (ddr->mapped_extents() < plan.ddr_extents()) {
+      RETURN_IF_ERROR(ddr->Grow(plan.ddr_extents(), channel_path_, secret));
+    }
+    if (compressed->mapped_extents() < plan.compressed_extents()) {
+      RETURN_IF_ERROR(compressed->Grow(plan.compressed_extents(), channel_path_, secret));
+    }
+    return absl::OkStatus();
+  }
+
   template <typename Request, typename Response>
   using Method = grpc::Status (v1::KvTier::Stub::*)(grpc::ClientContext*, const Request&,
                                                     Response*);
@@ -181,32 +279,41 @@ class WorkerClientImpl final : public WorkerClient {
       absl::MutexLock lock(&mu_);
       stub = stub_;
     }
-    absl::Status s = rpc::FromGrpcStatus(((*stub).*method)(&ctx, request, response));
-    if (s.code() == absl::StatusCode::kUnavailable ||
-        s.code() == absl::StatusCode::kDeadlineExceeded ||
-        (s.code() == absl::StatusCode::kFailedPrecondition &&
-         absl::StrContains(s.message(), "register"))) {
+    absl::Status s = edge::FromGrpcStatus(((*stub).*method)(&ctx, request, response));
+    if (Unreachable(s) || SessionLost(s)) {
       absl::MutexLock lock(&mu_);
       connected_ = false;
+    } else if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      connected_ = true;
     }
     return s;
   }
 
   absl::Duration HeartbeatInterval() const {
     absl::MutexLock lock(&mu_);
-    return heartbeat_interval_ > absl::ZeroDuration() ? heartbeat_interval_ : absl::Seconds(1);
+    if (!connected_) return kRetryInterval;
+    absl::Duration d =
+        heartbeat_interval_ > absl::ZeroDuration() ? heartbeat_interval_ : absl::Seconds(1);
+    // Never let the lease run out between two heartbeats, whatever the daemon suggested.
+    if (lease_ttl_ > absl::ZeroDuration()) d = std::min(d, lease_ttl_ / 3);
+    return d;
   }
 
   const ClientOptions options_;
-  std::shared_ptr<v1::KvTier::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  const std::string channel_path_;
   mutable absl::Mutex mu_;
+  std::shared_ptr<v1::KvTier::Stub> stub_ ABSL_GUARDED_BY(mu_);
   uint64_t worker_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string secret_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t max_snapshot_entries_ ABSL_GUARDED_BY(mu_) = 0;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
-  std::shared_ptr<PoolMapping> ddr_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<PoolMapping> compressed_ ABSL_GUARDED_BY(mu_);
+  absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::shared_ptr<ExtentMapping> ddr_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ExtentMapping> compressed_ ABSL_GUARDED_BY(mu_);
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stop_ = false;
@@ -215,8 +322,16 @@ class WorkerClientImpl final : public WorkerClient {
 
 }  // namespace
 
+absl::StatusOr<v1::ChannelReply> ChannelHello(const std::string& address) {
+  ASSIGN_OR_RETURN(std::string socket_path, edge::UnixSocketPath(address));
+  v1::ChannelRequest request;
+  request.mutable_hello();
+  return edge::ChannelCall(edge::ChannelPathFor(socket_path), request, nullptr);
+}
+
 absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Connect(const ClientOptions& options) {
-  auto client = std::make_unique<WorkerClientImpl>(options);
+  ASSIGN_OR_RETURN(std::string socket_path, edge::UnixSocketPath(options.address));
+  auto client = std::make_unique<WorkerClientImpl>(options, edge::ChannelPathFor(socket_path));
   RETURN_IF_ERROR(client->Register());
   if (options.background_heartbeat) client->StartHeartbeats();
   return std::unique_ptr<WorkerClient>(std::move(client));

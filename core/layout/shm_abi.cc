@@ -6,24 +6,24 @@
 
 namespace kvtier::layout {
 
-PoolHeader MakePoolHeader(PoolKind kind, uint64_t total_bytes, uint64_t daemon_epoch,
-                          uint64_t created_unix_ns) {
+PoolHeader MakePoolHeader(PoolKind kind, uint64_t extent_bytes, uint64_t max_extents,
+                          uint64_t worker_id, uint64_t daemon_epoch, uint64_t created_unix_ns) {
   PoolHeader h;
   std::memset(&h, 0, sizeof(h));
   h.magic = kPoolMagic;
   h.abi_version = kPoolAbiVersion;
   h.kind = static_cast<uint32_t>(kind);
   h.header_bytes = sizeof(PoolHeader);
-  h.total_bytes = total_bytes;
-  h.data_offset = kPoolDataOffset;
-  h.data_bytes = total_bytes > kPoolDataOffset ? total_bytes - kPoolDataOffset : 0;
+  h.extent_bytes = extent_bytes;
+  h.max_extents = max_extents;
+  h.worker_id = worker_id;
   h.daemon_epoch = daemon_epoch;
   h.created_unix_ns = created_unix_ns;
   return h;
 }
 
-absl::Status ValidatePoolHeader(const PoolHeader& h, PoolKind expected_kind,
-                                uint64_t mapped_bytes) {
+absl::Status ValidatePoolHeader(const PoolHeader& h, PoolKind expected_kind, uint64_t extent_bytes,
+                                uint64_t max_extents, uint64_t worker_id) {
   auto bad = [](const char* field, uint64_t got, uint64_t want) {
     return absl::FailedPreconditionError(
         absl::StrCat("pool header: ", field, " is ", got, ", expected ", want));
@@ -33,11 +33,15 @@ absl::Status ValidatePoolHeader(const PoolHeader& h, PoolKind expected_kind,
   if (h.kind != static_cast<uint32_t>(expected_kind)) {
     return bad("kind", h.kind, static_cast<uint32_t>(expected_kind));
   }
-  if (h.total_bytes != mapped_bytes) return bad("total_bytes", h.total_bytes, mapped_bytes);
-  if (h.data_offset != kPoolDataOffset) return bad("data_offset", h.data_offset, kPoolDataOffset);
-  if (h.data_offset + h.data_bytes > h.total_bytes) {
-    return bad("data_bytes", h.data_bytes, h.total_bytes - h.data_offset);
+  if (h.header_bytes != sizeof(PoolHeader)) {
+    return bad("header_bytes", h.header_bytes, sizeof(PoolHeader));
   }
+  if (h.extent_bytes != extent_bytes) return bad("extent_bytes", h.extent_bytes, extent_bytes);
+  if (h.extent_bytes == 0 || h.extent_bytes % kSlotAlignment != 0) {
+    return bad("extent_bytes (a positive multiple of 256)", h.extent_bytes, extent_bytes);
+  }
+  if (h.max_extents != max_extents) return bad("max_extents", h.max_extents, max_extents);
+  if (h.worker_id != worker_id) return bad("worker_id", h.worker_id, worker_id);
   return absl::OkStatus();
 }
 

@@ -65,6 +65,24 @@ Setter Mebibytes(uint64_t* out, int64_t min_mib) {
                  int64_t{1} << 30);
 }
 
+// A list of uids or gids: integers in [0, 2^32 - 2].
+Setter Ids(std::vector<uint32_t>* out) {
+  return [out](const toml::node& n, const std::string& where) -> absl::Status {
+    const toml::array* a = n.as_array();
+    if (a == nullptr) return Bad(where, "must be a list of numeric ids, e.g. [0, 1000]");
+    std::vector<uint32_t> ids;
+    for (size_t i = 0; i < a->size(); ++i) {
+      const toml::node& e = *a->get(i);
+      if (!e.is_integer() || *e.value<int64_t>() < 0 || *e.value<int64_t>() >= 0xFFFFFFFFll) {
+        return Bad(where, absl::StrCat("[", i, "] must be a numeric id >= 0"));
+      }
+      ids.push_back(static_cast<uint32_t>(*e.value<int64_t>()));
+    }
+    *out = std::move(ids);
+    return absl::OkStatus();
+  };
+}
+
 std::map<std::string, Setter> Schema(DaemonConfig* c) {
   std::map<std::string, Setter> s;
   s["server.socket"] = String(&c->server.socket_path);
@@ -97,15 +115,30 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
     if (!v || v->empty() || *end != '\0' || mode > 0777) {
       return Bad(where, "must be an octal string such as \"0660\"");
     }
+    if ((mode & 0007) != 0) {
+      return Bad(where, absl::StrCat("= \"", *v,
+                                     "\" gives other users access: the socket and "
+                                     "pools must not be world-accessible (use 0660 or 0600)"));
+    }
     c->core.shm_mode = static_cast<uint32_t>(mode);
     return absl::OkStatus();
   };
+  s["pools.extent_mib"] = Mebibytes(&c->core.extent_bytes, 1);
+  s["pools.extent_dir"] = String(&c->core.extent_dir);
   s["leases.ttl_ms"] = Millis(&c->core.lease_ttl, 100);
   s["leases.heartbeat_ms"] = Millis(&c->core.heartbeat_interval, 10);
   s["limits.max_workers"] =
       Integer([c](int64_t v) { c->core.max_workers = static_cast<uint32_t>(v); }, 1, 1 << 16);
   s["limits.max_sequences_per_worker"] = Integer(
       [c](int64_t v) { c->core.max_sequences_per_worker = static_cast<uint32_t>(v); }, 1, 1 << 20);
+  s["limits.max_sequences"] =
+      Integer([c](int64_t v) { c->core.max_sequences = static_cast<uint32_t>(v); }, 1, 1 << 24);
+  s["limits.max_snapshot_entries"] =
+      Integer([c](int64_t v) { c->core.max_snapshot_entries = static_cast<uint64_t>(v); }, 1,
+              int64_t{1} << 24);
+  s["security.allow_uids"] = Ids(&c->core.security.allow_uids);
+  s["security.allow_gids"] = Ids(&c->core.security.allow_gids);
+  s["security.operator_uids"] = Ids(&c->core.security.operator_uids);
   s["limits.worker_ddr_quota_mib"] = Mebibytes(&c->core.worker_ddr_quota_bytes, 0);
   s["limits.worker_compressed_quota_mib"] = Mebibytes(&c->core.worker_compressed_quota_bytes, 0);
   s["policy.name"] = String(&c->policy.name);
@@ -157,8 +190,8 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view
     const toml::table* table = section.as_table();
     if (table == nullptr) {
       return Bad(Where(source, section, section_name),
-                 "is not a known section (expected [server], [pools], [leases], [limits] or "
-                 "[policy])");
+                 "is not a known section (expected [server], [pools], [leases], [limits], "
+                 "[security] or [policy])");
     }
     for (auto&& [key, value] : *table) {
       std::string full = absl::StrCat(section_name, ".", std::string(key.str()));
@@ -171,6 +204,13 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": policy.evict_ratio + policy.compress_ratio = ",
                      config.policy.evict_ratio + config.policy.compress_ratio, " exceeds 1"));
+  }
+  if (config.core.lease_ttl <= config.core.heartbeat_interval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": leases.ttl_ms ", absl::ToInt64Milliseconds(config.core.lease_ttl),
+                     " must exceed leases.heartbeat_ms ",
+                     absl::ToInt64Milliseconds(config.core.heartbeat_interval),
+                     " (a worker would lose its lease between two heartbeats)"));
   }
   if (config.server.socket_path.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": server.socket must not be empty"));

@@ -5,6 +5,7 @@
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -22,11 +23,14 @@
 #include "core/clock/clock.h"
 #include "daemon/config/config.h"
 #include "daemon/daemon_core.h"
+#include "daemon/kvtierd/channel_server.h"
 #include "daemon/kvtierd/listen.h"
 #include "daemon/kvtierd/logger.h"
 #include "daemon/kvtierd/reload.h"
 #include "daemon/metrics.h"
 #include "daemon/service/service.h"
+#include "edge/memory_channel.h"
+#include "edge/message_limits.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -70,17 +74,33 @@ absl::StatusOr<DaemonConfig> LoadConfig(const Flags& flags) {
   return config;
 }
 
-// Gives the socket the pools' mode and group, so workers in the group can connect.
-void ShareSocket(const DaemonConfig& config, Logger& log) {
-  const std::string& path = config.server.socket_path;
-  if (chmod(path.c_str(), config.core.shm_mode) != 0) {
-    log.Warning(absl::StrCat("cannot chmod ", path, ": ", std::strerror(errno)));
-  }
-  if (config.core.shm_group.empty()) return;
+// The gid of pools.group ("" = the daemon's own group).
+absl::StatusOr<gid_t> PoolGroup(const DaemonConfig& config) {
+  if (config.core.shm_group.empty()) return getgid();
   group* g = getgrnam(config.core.shm_group.c_str());
-  if (g == nullptr || chown(path.c_str(), -1, g->gr_gid) != 0) {
-    log.Warning(absl::StrCat("cannot give ", path, " to group ", config.core.shm_group));
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pools.group \"", config.core.shm_group, "\" is not a group on this host"));
   }
+  return g->gr_gid;
+}
+
+// Gives the gRPC socket the configured mode and group, so workers in the group can connect;
+// a socket that cannot be restricted so is not served.
+absl::Status ShareSocket(const DaemonConfig& config, gid_t gid) {
+  const std::string& path = config.server.socket_path;
+  if ((config.core.shm_mode & 0007) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pools.mode ", config.core.shm_mode, " gives other users access"));
+  }
+  if (chmod(path.c_str(), config.core.shm_mode) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chmod ", path, ": ", std::strerror(errno)));
+  }
+  if (chown(path.c_str(), -1, gid) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("chown ", path, " to gid ", gid, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 // Runs `core.ReapExpired()` every `interval` until stopped. One owner: Run() starts the
@@ -128,13 +148,19 @@ void ReloadOnSighup(DaemonConfig& running, const DaemonConfig& fresh, DaemonCore
   for (const std::string& change : changes.needs_restart) {
     log.Warning(absl::StrCat("SIGHUP: ", change, " needs a restart; keeping the running value"));
   }
+  DaemonConfig next = ApplyReloadable(running, fresh);
+  next.core.security.pool_gid = running.core.security.pool_gid;
+  if (absl::Status s = core->Reload(next.core); !s.ok()) {
+    log.Error(absl::StrCat("SIGHUP: keeping the running config: ", s.message()));
+    return;
+  }
   // Logged at the old level, so lowering the verbosity is still recorded.
   log.Info(absl::StrCat("SIGHUP: reloaded ", changes.applied.empty()
-                                                 ? "(no change to log level, limits or leases)"
+                                                 ? "(no change to log level, limits, leases or "
+                                                   "security)"
                                                  : absl::StrJoin(changes.applied, ", ")));
-  running = ApplyReloadable(running, fresh);
+  running = next;
   log.set_level(running.server.log_level);
-  core->Reload(running.core);
 }
 
 int Serve(const Flags& flags, DaemonConfig config) {
@@ -145,11 +171,12 @@ int Serve(const Flags& flags, DaemonConfig config) {
     log.Error(std::string(s.message()));
     return 1;
   }
-  // No daemon serves our socket: pools under our prefix belong to a predecessor that crashed.
-  for (const std::string& name : RemoveStaleSegments(config.core.shm_prefix)) {
-    log.Warning(
-        absl::StrCat("removed /dev/shm/", name, " left by a daemon that did not stop cleanly"));
+  absl::StatusOr<gid_t> pool_gid = PoolGroup(config);
+  if (!pool_gid.ok()) {
+    log.Error(std::string(pool_gid.status().message()));
+    return 1;
   }
+  config.core.security.pool_gid = *pool_gid;
   std::unique_ptr<Metrics> metrics = Metrics::Create();
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!config.server.metrics_address.empty()) {
@@ -184,6 +211,10 @@ int Serve(const Flags& flags, DaemonConfig config) {
                              &tcp_port);
   }
   builder.RegisterService(&service);
+  // Both limits fit the largest snapshot and plan limits.max_snapshot_entries allows.
+  const uint64_t entries = config.core.max_snapshot_entries;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(edge::MaxSnapshotBytes(entries)));
+  builder.SetMaxSendMessageSize(static_cast<int>(edge::MaxPlanBytes(entries)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || (!config.server.tcp_address.empty() && tcp_port == 0)) {
     log.Error(absl::StrCat("cannot listen on unix:", config.server.socket_path,
@@ -191,9 +222,22 @@ int Serve(const Flags& flags, DaemonConfig config) {
                            config.server.tcp_address));
     return 1;
   }
-  ShareSocket(config, log);
+  if (absl::Status s = ShareSocket(config, *pool_gid); !s.ok()) {
+    log.Error(absl::StrCat("refusing to serve: ", s.message()));
+    return 1;
+  }
+  const std::string channel_path = edge::ChannelPathFor(config.server.socket_path);
+  absl::StatusOr<edge::UniqueFd> channel =
+      edge::ListenChannel(channel_path, config.core.shm_mode, *pool_gid);
+  if (!channel.ok()) {
+    log.Error(absl::StrCat("cannot open the memory channel: ", channel.status().message()));
+    return 1;
+  }
+  auto channel_server = std::make_unique<ChannelServer>(
+      *std::move(channel), core->get(), [&log](const std::string& m) { log.Debug(m); });
   log.Info(absl::StrCat("listening on unix:", config.server.socket_path,
-                        tcp_port ? absl::StrCat(" and ", config.server.tcp_address) : ""));
+                        tcp_port ? absl::StrCat(" and ", config.server.tcp_address) : "",
+                        "; memory channel ", channel_path));
   auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);
   sd_notify(0, "READY=1\nSTATUS=serving");
 
@@ -221,6 +265,8 @@ int Serve(const Flags& flags, DaemonConfig config) {
   sd_notify(0, "STOPPING=1");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   reaper.reset();
+  channel_server.reset();
+  unlink(channel_path.c_str());
   server.reset();
   core->reset();  // unmaps and removes the pools
   log.Info("stopped");
@@ -237,6 +283,9 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // The daemon holds every worker's extent descriptors: /proc/PID/fd must not lead to them
+  // (only CAP_SYS_PTRACE passes a non-dumpable process's ptrace check).
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   CLI::App app{
       "kvtierd: the kvtier node daemon. Owns the host's DDR and compressed KV pools and "

@@ -56,21 +56,6 @@ absl::Status PrepareUnixSocketPath(const std::string& path) {
   return absl::OkStatus();
 }
 
-std::vector<std::string> RemoveStaleSegments(const std::string& shm_prefix,
-                                             const std::string& shm_dir) {
-  std::vector<std::string> removed;
-  const std::string base = shm_prefix.substr(shm_prefix.find_first_not_of('/'));
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(shm_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, base + "-ddr-") && !absl::StartsWith(name, base + "-cmp-")) {
-      continue;
-    }
-    if (std::filesystem::remove(entry.path(), ec)) removed.push_back(name);
-  }
-  return removed;
-}
-
 absl::Status RequireLoopback(const std::string& address, const char* field) {
   for (const char* prefix : {"127.", "localhost:", "[::1]:"}) {
     if (absl::StartsWith(address, prefix)) return absl::OkStatus();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 
 namespace kvtier::daemon {
@@ -25,6 +26,12 @@ class Differ {
   void Millis(const char* key, absl::Duration a, absl::Duration b) {
     Number(key, absl::ToInt64Milliseconds(a), absl::ToInt64Milliseconds(b));
   }
+  void Ids(const char* key, const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+    if (a != b) {
+      out_->push_back(
+          absl::StrCat(key, " [", absl::StrJoin(a, ", "), "] -> [", absl::StrJoin(b, ", "), "]"));
+    }
+  }
   void Mode(const char* key, uint32_t a, uint32_t b) {
     if (a != b) out_->push_back(absl::StrFormat("%s %04o -> %04o", key, a, b));
   }
@@ -45,12 +52,16 @@ ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh
   now.Number("limits.max_workers", a.max_workers, b.max_workers);
   now.Number("limits.max_sequences_per_worker", a.max_sequences_per_worker,
              b.max_sequences_per_worker);
+  now.Number("limits.max_sequences", a.max_sequences, b.max_sequences);
   now.Number("limits.worker_ddr_quota_mib", a.worker_ddr_quota_bytes >> 20,
              b.worker_ddr_quota_bytes >> 20);
   now.Number("limits.worker_compressed_quota_mib", a.worker_compressed_quota_bytes >> 20,
              b.worker_compressed_quota_bytes >> 20);
   now.Millis("leases.ttl_ms", a.lease_ttl, b.lease_ttl);
   now.Millis("leases.heartbeat_ms", a.heartbeat_interval, b.heartbeat_interval);
+  now.Ids("security.allow_uids", a.security.allow_uids, b.security.allow_uids);
+  now.Ids("security.allow_gids", a.security.allow_gids, b.security.allow_gids);
+  now.Ids("security.operator_uids", a.security.operator_uids, b.security.operator_uids);
 
   Differ later(&changes.needs_restart);
   later.Text("server.socket", running.server.socket_path, fresh.server.socket_path);
@@ -63,6 +74,9 @@ ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh
   later.Text("pools.shm_prefix", a.shm_prefix, b.shm_prefix);
   later.Text("pools.group", a.shm_group, b.shm_group);
   later.Mode("pools.mode", a.shm_mode, b.shm_mode);
+  later.Number("pools.extent_mib", a.extent_bytes >> 20, b.extent_bytes >> 20);
+  later.Text("pools.extent_dir", a.extent_dir, b.extent_dir);
+  later.Number("limits.max_snapshot_entries", a.max_snapshot_entries, b.max_snapshot_entries);
   later.Text("policy.name", running.policy.name, fresh.policy.name);
   later.Ratio("policy.hbm_ratio", running.policy.hbm_ratio, fresh.policy.hbm_ratio);
   later.Ratio("policy.evict_ratio", running.policy.evict_ratio, fresh.policy.evict_ratio);
@@ -75,6 +89,10 @@ DaemonConfig ApplyReloadable(const DaemonConfig& running, const DaemonConfig& fr
   next.server.log_level = fresh.server.log_level;
   next.core.max_workers = fresh.core.max_workers;
   next.core.max_sequences_per_worker = fresh.core.max_sequences_per_worker;
+  next.core.max_sequences = fresh.core.max_sequences;
+  next.core.security.allow_uids = fresh.core.security.allow_uids;
+  next.core.security.allow_gids = fresh.core.security.allow_gids;
+  next.core.security.operator_uids = fresh.core.security.operator_uids;
   next.core.worker_ddr_quota_bytes = fresh.core.worker_ddr_quota_bytes;
   next.core.worker_compressed_quota_bytes = fresh.core.worker_compressed_quota_bytes;
   next.core.lease_ttl = fresh.core.lease_ttl;

@@ -14,7 +14,7 @@ namespace kvtier::daemon {
 // The differences between the running config and a freshly read one. Each entry reads
 // "section.key old -> new" (e.g. "limits.max_workers 1 -> 2", "pools.ddr_mib 64 -> 128").
 struct ConfigChanges {
-  std::vector<std::string> applied;        // server.log_level, [limits], [leases]
+  std::vector<std::string> applied;        // server.log_level, [limits], [leases], [security]
   std::vector<std::string> needs_restart;  // [server] listeners, [pools], [policy]
 };
 

@@ -1,6 +1,6 @@
 #include "daemon/service/service.h"
 
-#include "client/rpc/rpc_status.h"
+#include "edge/rpc_status.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -10,7 +10,7 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, absl::StatusO
                                  Response* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (result.ok()) *response = *std::move(result);
-  reactor->Finish(rpc::ToGrpcStatus(result.status()));
+  reactor->Finish(edge::ToGrpcStatus(result.status()));
   return reactor;
 }
 
@@ -59,6 +59,12 @@ grpc::ServerUnaryReactor* KvTierService::CloseSequence(grpc::CallbackServerConte
                                                        const v1::CloseSequenceRequest* request,
                                                        v1::CloseSequenceResponse* response) {
   return Finish(ctx, core_->CloseSequence(*request), response);
+}
+
+grpc::ServerUnaryReactor* KvTierService::CloseWorker(grpc::CallbackServerContext* ctx,
+                                                     const v1::CloseWorkerRequest* request,
+                                                     v1::CloseWorkerResponse* response) {
+  return Finish(ctx, core_->CloseWorker(*request), response);
 }
 
 grpc::ServerUnaryReactor* KvTierService::GetStatus(grpc::CallbackServerContext* ctx,

@@ -32,6 +32,9 @@ class KvTierService final : public v1::KvTier::CallbackService {
   grpc::ServerUnaryReactor* CloseSequence(grpc::CallbackServerContext* ctx,
                                           const v1::CloseSequenceRequest* request,
                                           v1::CloseSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* CloseWorker(grpc::CallbackServerContext* ctx,
+                                        const v1::CloseWorkerRequest* request,
+                                        v1::CloseWorkerResponse* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* request,
                                       v1::GetStatusResponse* response) override;

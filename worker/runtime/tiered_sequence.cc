@@ -106,6 +106,7 @@ absl::Status TieredSequence::Retier() {
   if (!orphaned_ && client_->generation() != generation_) orphaned_ = true;
   if (!orphaned_) {
     absl::Status s = RetierWithDaemon();
+    exchange_failed_ = !s.ok();
     if (s.ok()) return s;
     if (client_->generation() != generation_) orphaned_ = true;
   }
@@ -163,6 +164,12 @@ absl::Status TieredSequence::RetierWithDaemon() {
   snapshot.set_decode_step(step_);
   snapshot.set_num_pages(current.num_pages);
   snapshot.set_last_plan_version(acked_version_);
+  // After a lost exchange: the ack of the last plan applied may not have arrived (replaying it
+  // is harmless), and a plan the daemon made for a lost snapshot never reached us.
+  if (exchange_failed_) {
+    snapshot.set_applied_plan_version(acked_version_);
+    snapshot.set_abandon_pending(true);
+  }
   snapshot.mutable_page_scores()->Assign(page_scores.begin(), page_scores.end());
   std::string tiers(current.tiers.size(), '\0');
   for (size_t i = 0; i < tiers.size(); ++i) tiers[i] = static_cast<char>(current.tiers[i]);
@@ -184,12 +191,19 @@ absl::Status TieredSequence::RetierWithDaemon() {
     slots[i].dst_offset = plan.move_dst_slot(i);
   }
   absl::Status applied = store_->ApplyPlan(moves, slots);
-  RETURN_IF_ERROR(client_->AckPlan(sequence_id_, plan.plan_version(), applied.ok(),
-                                   std::string(applied.message())));
+  absl::Status acked = client_->AckPlan(sequence_id_, plan.plan_version(), applied.ok(),
+                                        std::string(applied.message()));
   if (!applied.ok()) return applied;
+  // Applied: the store is in the plan's placement whether or not the ack arrived. A lost ack is
+  // carried by the next snapshot (exchange_failed_), so the plan counts as done here.
   acked_version_ = plan.plan_version();
+  exchange_failed_ = !acked.ok();
   ++report_.plans;
   report_.degraded_plans += plan.degraded();
+  if (exchange_failed_) {
+    RETURN_IF_ERROR(scores_.FreezeEvicted(store_->placement(), g.page_tokens));
+    return acked;
+  }
   report_.protected_overflow_plans += plan.protected_overflow();
   return scores_.FreezeEvicted(store_->placement(), g.page_tokens);
 }

@@ -100,6 +100,7 @@ class TieredSequence final : public AttentionCache {
   uint64_t sequence_id_ = 0;
   uint64_t generation_ = 0;
   uint64_t acked_version_ = 0;
+  bool exchange_failed_ = false;  // the last snapshot, plan or ack may not have arrived
   bool orphaned_ = false;
   std::shared_ptr<PoolMapping> ddr_mapping_, compressed_mapping_;  // keep old pools mapped
   std::unique_ptr<PagePool> ddr_pool_, compressed_pool_;

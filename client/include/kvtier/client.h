@@ -13,6 +13,12 @@
 //
 // A worker whose next snapshot follows soon may skip AckPlan and set the next snapshot's
 // applied_plan_version (and last_plan_version) to the plan it applied: one round trip a plan.
+//
+// Sessions (docs/security.md): Connect asks the daemon's memory channel (the socket's path +
+// ".mem") for a ticket, registers with it and keeps the session secret the daemon returns; every
+// call carries it. A call lost to its deadline, or a daemon gone for a moment, keeps the session:
+// the client resumes it (same worker id, memory and sequences) while the lease lives, and
+// registers anew only when the daemon says the lease is gone or the daemon restarted.
 
 #include <atomic>
 #include <cstdint>
@@ -26,7 +32,8 @@
 namespace kvtier {
 
 struct ClientOptions {
-  // "unix:/run/kvtier/kvtierd.sock" or a loopback "127.0.0.1:50551".
+  // "unix:/run/kvtier/kvtierd.sock": workers need the unix socket (the memory channel beside
+  // it carries their credentials and memory); TCP serves GetStatus only.
   std::string address = "unix:/run/kvtier/kvtierd.sock";
   // No call blocks the caller longer than this (the decode loop must keep going).
   absl::Duration rpc_deadline = absl::Milliseconds(200);
@@ -36,21 +43,27 @@ struct ClientOptions {
   bool background_heartbeat = true;
 };
 
-// A mapped shared-memory pool. The mapping stays valid for as long as any holder keeps this
-// object, even after the daemon removed the segment (a restarted daemon makes new pools; pages
-// in the old ones stay readable until their sequences close). Immutable; thread-safe.
+// Asks the memory channel beside the unix socket at `address` for a ticket (what
+// RegisterWorker and an operator's GetStatus need). PERMISSION_DENIED names the rule when the
+// caller's uid may not register.
+absl::StatusOr<v1::ChannelReply> ChannelHello(const std::string& address);
+
+// This worker's memory of one pool: a reserved address range into which the daemon's extents
+// are mapped back to back as plans need them (docs/shm-abi.md). The mapping stays valid for as
+// long as any holder keeps this object, even after the session ends (pages of a lost session
+// stay readable until their sequences close; the daemon never hands that memory to anyone
+// else). Thread-safe.
 class PoolMapping {
  public:
   virtual ~PoolMapping() = default;
   virtual v1::PoolKind kind() const = 0;
-  // First byte of slot data (segment start + data_offset); slot offsets are relative to it.
+  // First byte of the range; slot offsets are relative to it.
   virtual uint8_t* data() const = 0;
+  // The whole range (max_extents * extent_bytes); only mapped_extents() of it are mapped.
   virtual uint64_t data_bytes() const = 0;
   virtual uint64_t epoch() const = 0;
+  virtual uint32_t mapped_extents() const = 0;
 };
-
-// Maps one pool described by the daemon, validating its ABI header.
-absl::StatusOr<std::shared_ptr<PoolMapping>> MapPool(const v1::PoolDescriptor& descriptor);
 
 // A registered worker. Thread-safe; the heartbeat thread is owned by the client and stops in
 // its destructor.
@@ -80,6 +93,8 @@ class WorkerClient {
   virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(bool workers, bool sequences) = 0;
   // One heartbeat now (the background thread calls this); re-registers when the lease is gone.
   virtual absl::Status HeartbeatOnce() = 0;
+  // The lease TTL the daemon last announced (register and every heartbeat).
+  virtual absl::Duration lease_ttl() const = 0;
 };
 
 }  // namespace kvtier

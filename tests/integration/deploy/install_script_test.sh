@@ -105,18 +105,15 @@ runuser -u kvworker -- "${ctl[@]}" >"$tmp/ctl.out" 2>&1 ||
 if runuser -u kvstranger -- "${ctl[@]}" >/dev/null 2>&1; then
   fail "a user outside group kvtier can use the daemon"
 fi
-pools=(/dev/shm/"$shm_prefix"*)
-[ -e "${pools[0]}" ] || fail "no pools named /dev/shm/$shm_prefix*"
-for pool in "${pools[@]}"; do
-  [ "$(stat -c '%U:%G %a' "$pool")" = "kvtier:kvtier 660" ] ||
-    fail "$pool is $(stat -c '%U:%G %a' "$pool")"
+# Pool memory is unnamed (memfd extents passed to each worker): nothing under /dev/shm.
+if compgen -G "/dev/shm/${shm_prefix#/}*" >/dev/null; then fail "named pools in /dev/shm"; fi
+for sock in /run/kvtier/kvtierd.sock /run/kvtier/kvtierd.sock.mem; do
+  [ "$(stat -c '%G %a' "$sock")" = "kvtier 660" ] || fail "$sock is $(stat -c '%G %a' "$sock")"
 done
-[ "$(stat -c '%G %a' /run/kvtier/kvtierd.sock)" = "kvtier 660" ] ||
-  fail "the socket is $(stat -c '%G %a' /run/kvtier/kvtierd.sock)"
 kill -TERM "$daemon_pid"
 wait "$daemon_pid" || fail "kvtierd did not stop cleanly: $(tail -5 "$tmp/kvtierd.log")"
 daemon_pid=""
-if compgen -G "/dev/shm/$shm_prefix*" >/dev/null; then fail "pools left after SIGTERM"; fi
+[ -e /run/kvtier/kvtierd.sock.mem ] && fail "the memory channel socket is left after SIGTERM"
 
-[ "$status" = 0 ] && echo "OK: install.sh (twice), system user and group, config ownership, socket and pool permissions"
+[ "$status" = 0 ] && echo "OK: install.sh (twice), system user and group, config ownership, socket permissions, no named memory"
 exit "$status"

@@ -29,6 +29,10 @@ ddr_mib = 64
 mode = "0600"
 [leases]
 ttl_ms = 1500
+heartbeat_ms = 500
+[security]
+allow_uids = [1000, 1001]
+operator_uids = []
 [policy]
 evict_ratio = 0.03
 )",
@@ -38,6 +42,8 @@ evict_ratio = 0.03
   EXPECT_EQ(c->server.log_level, LogLevel::kDebug);
   EXPECT_EQ(c->core.ddr_pool_bytes, 64ull << 20);
   EXPECT_EQ(c->core.shm_mode, 0600u);
+  EXPECT_EQ(c->core.security.allow_uids, (std::vector<uint32_t>{1000, 1001}));
+  EXPECT_TRUE(c->core.security.operator_uids.empty());
   EXPECT_EQ(c->core.lease_ttl, absl::Milliseconds(1500));
   EXPECT_DOUBLE_EQ(c->policy.evict_ratio, 0.03);
 }
@@ -66,6 +72,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"[pools]\nddr_mib = 0\n", "out of range"},
                       BadCase{"[pools]\nmode = \"999\"\n", "pools.mode"},
                       BadCase{"[pools]\nshm_prefix = \"a/b\"\n", "pools.shm_prefix"},
+                      BadCase{"[pools]\nmode = \"0666\"\n", "world-accessible"},
+                      BadCase{"[leases]\nttl_ms = 2000\nheartbeat_ms = 2000\n", "must exceed"},
+                      BadCase{"[security]\nallow_uids = [\"root\"]\n", "security.allow_uids"},
+                      BadCase{"[security]\noperator_uids = 0\n", "security.operator_uids"},
+                      BadCase{"[limits]\nmax_snapshot_entries = 0\n", "max_snapshot_entries"},
                       BadCase{"[policy]\nhbm_ratio = 1.5\n", "policy.hbm_ratio"},
                       BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
                       BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},

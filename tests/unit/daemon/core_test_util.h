@@ -4,6 +4,8 @@
 // Helpers for DaemonCore tests: small real pools, a FakeClock and a simulated worker that keeps
 // its own view of every sequence's placement and slots, as a real worker would.
 
+#include <unistd.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -39,6 +41,23 @@ struct Env {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<DaemonCore> core;
 };
+
+// This process as the kernel would name it on the memory channel.
+inline edge::PeerCredentials SelfPeer() { return {getuid(), getgid(), getpid(), {}}; }
+
+// A registration ticket for `peer` (what the memory channel's hello returns).
+inline std::string Ticket(DaemonCore* core, const edge::PeerCredentials& peer = SelfPeer()) {
+  auto hello = core->Hello(peer);
+  EXPECT_TRUE(hello.ok()) << hello.status();
+  return hello.ok() ? hello->ticket() : "";
+}
+
+// RegisterWorker with a fresh ticket.
+inline absl::StatusOr<v1::RegisterWorkerResponse> Register(DaemonCore* core,
+                                                           v1::RegisterWorkerRequest r) {
+  r.set_channel_ticket(Ticket(core));
+  return core->RegisterWorker(r);
+}
 
 // 4 layers, 2 KV heads, head_dim 16, f16, 16-token pages: 8192-byte T1 pages.
 inline v1::RegisterWorkerRequest WorkerRequest(uint32_t layer_groups = 1) {
@@ -83,17 +102,24 @@ class SimWorker {
   };
 
   SimWorker(DaemonCore* core, uint32_t groups = 1) : core_(core), groups_(groups) {
-    auto r = core->RegisterWorker(WorkerRequest(groups));
+    auto r = Register(core, WorkerRequest(groups));
     EXPECT_TRUE(r.ok()) << r.status();
     if (r.ok()) resp_ = *r;
   }
   uint64_t id() const { return resp_.worker_id(); }
+  const std::string& secret() const { return resp_.session_secret(); }
+  // Fills worker_id and session_secret: what every request after registration carries.
+  template <typename Request>
+  Request Signed(Request r) const {
+    r.set_worker_id(id());
+    r.set_session_secret(secret());
+    return r;
+  }
   const v1::RegisterWorkerResponse& registration() const { return resp_; }
   Seq& seq(uint64_t id) { return seqs_[id]; }
 
   absl::StatusOr<uint64_t> Open(uint64_t prompt, const v1::PolicyConfig& policy) {
-    v1::OpenSequenceRequest r;
-    r.set_worker_id(id());
+    v1::OpenSequenceRequest r = Signed(v1::OpenSequenceRequest());
     r.set_prompt_tokens(prompt);
     *r.mutable_policy() = policy;
     auto s = core_->OpenSequence(r);
@@ -110,8 +136,7 @@ class SimWorker {
     uint32_t n = static_cast<uint32_t>((length + 15) / 16);
     Grow(s, n);
     s.length = length;
-    v1::SubmitSnapshotRequest r;
-    r.set_worker_id(id());
+    v1::SubmitSnapshotRequest r = Signed(v1::SubmitSnapshotRequest());
     r.set_sequence_id(seq_id);
     r.set_length(length);
     r.set_num_pages(n);
@@ -130,8 +155,7 @@ class SimWorker {
 
   // Acknowledges; when applied, updates the worker's view like a plan executor would.
   absl::Status Ack(const v1::TierPlan& plan, bool applied) {
-    v1::AckPlanRequest r;
-    r.set_worker_id(id());
+    v1::AckPlanRequest r = Signed(v1::AckPlanRequest());
     r.set_sequence_id(plan.sequence_id());
     r.set_plan_version(plan.plan_version());
     r.set_applied(applied);
@@ -161,8 +185,7 @@ class SimWorker {
   }
 
   absl::Status Heartbeat() {
-    v1::HeartbeatRequest r;
-    r.set_worker_id(id());
+    v1::HeartbeatRequest r = Signed(v1::HeartbeatRequest());
     r.set_daemon_epoch(resp_.daemon_epoch());
     return core_->Heartbeat(r).status();
   }

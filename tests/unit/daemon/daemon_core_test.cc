@@ -2,6 +2,8 @@
 
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <set>
 #include <thread>
 
-#include "daemon/shm_segment.h"
 #include "tests/unit/daemon/core_test_util.h"
 
 namespace kvtier::daemon {
@@ -29,38 +30,80 @@ int CountTier(const std::string& tiers, int t) {
   return n;
 }
 
-TEST(DaemonCoreTest, RegisterReturnsPoolsThatMapAndValidate) {
+TEST(DaemonCoreTest, RegisterReturnsASessionAndPoolsOfItsOwnExtents) {
   Env env;
   SimWorker w(env.core.get());
   const auto& r = w.registration();
   EXPECT_NE(r.worker_id(), 0u);
   EXPECT_NE(r.daemon_epoch(), 0u);
   EXPECT_EQ(r.lease_ttl_ms(), 10000u);
+  EXPECT_EQ(r.session_secret().size(), 16u);
   ASSERT_EQ(r.pools_size(), 2);
   for (const auto& d : r.pools()) {
-    layout::PoolKind kind =
-        d.kind() == v1::POOL_KIND_DDR ? layout::PoolKind::kDdr : layout::PoolKind::kCompressed;
-    EXPECT_NE(d.shm_name().find(d.kind() == v1::POOL_KIND_DDR ? "-ddr-" : "-cmp-"),
-              std::string::npos);
-    auto seg = ShmSegment::Open(d.shm_name(), kind);
-    ASSERT_TRUE(seg.ok()) << seg.status();
-    EXPECT_EQ(seg->size(), d.size_bytes());
-    EXPECT_EQ(seg->header().daemon_epoch, r.daemon_epoch());
-    EXPECT_EQ(d.data_offset(), layout::kPoolDataOffset);
+    EXPECT_TRUE(d.shm_name().empty());  // nothing by name
     EXPECT_EQ(d.abi_version(), layout::kPoolAbiVersion);
+    EXPECT_GT(d.extent_bytes(), 0u);
+    EXPECT_EQ(d.size_bytes(), d.extent_bytes() * d.max_extents());
+    v1::FetchExtents f = w.Signed(v1::FetchExtents());
+    f.set_kind(d.kind());
+    std::vector<edge::UniqueFd> fds;
+    auto reply = env.core->FetchExtents(testing::SelfPeer(), f, &fds);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_EQ(fds.size(), 1u);  // the header; no extent before the first grant
+    layout::PoolHeader h;
+    ASSERT_EQ(pread(fds[0].get(), &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+    EXPECT_TRUE(layout::ValidatePoolHeader(h,
+                                           d.kind() == v1::POOL_KIND_DDR
+                                               ? layout::PoolKind::kDdr
+                                               : layout::PoolKind::kCompressed,
+                                           d.extent_bytes(), d.max_extents(), w.id())
+                    .ok());
+    EXPECT_EQ(h.daemon_epoch, r.daemon_epoch());
   }
 }
 
-TEST(DaemonCoreTest, PoolsAreRemovedWhenTheCoreGoes) {
-  std::string name;
-  {
-    Env env;
-    SimWorker w(env.core.get());
-    name = w.registration().pools(0).shm_name();
-    EXPECT_TRUE(ShmSegment::Open(name, layout::PoolKind::kDdr).ok());
+TEST(DaemonCoreTest, TwoSessionsNeverShareAnExtent) {
+  Env env;
+  SimWorker a(env.core.get()), b(env.core.get());
+  for (SimWorker* w : {&a, &b}) {
+    auto seq = w->Open(0, Policy("hierarchy", 0.1, 0, 0));
+    ASSERT_TRUE(seq.ok());
+    auto plan = w->Snapshot(*seq, 800, RampScores(50));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_GE(plan->ddr_extents(), 1u);
+    ASSERT_TRUE(w->Ack(*plan, true).ok());
   }
-  EXPECT_EQ(ShmSegment::Open(name, layout::PoolKind::kDdr).status().code(),
-            absl::StatusCode::kNotFound);
+  // Each worker gets descriptors of its own extents only; they are different files.
+  std::vector<std::vector<edge::UniqueFd>> fds(2);
+  int i = 0;
+  for (SimWorker* w : {&a, &b}) {
+    v1::FetchExtents f = w->Signed(v1::FetchExtents());
+    f.set_kind(v1::POOL_KIND_DDR);
+    auto reply = env.core->FetchExtents(testing::SelfPeer(), f, &fds[i]);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_GE(reply->extent_count(), 1u);
+    ++i;
+  }
+  for (size_t x = 1; x < fds[0].size(); ++x) {
+    for (size_t y = 1; y < fds[1].size(); ++y) {
+      struct stat sa, sb;
+      ASSERT_EQ(fstat(fds[0][x].get(), &sa), 0);
+      ASSERT_EQ(fstat(fds[1][y].get(), &sb), 0);
+      EXPECT_FALSE(sa.st_ino == sb.st_ino && sa.st_dev == sb.st_dev);
+    }
+  }
+  // Another worker's secret, or another uid, gets nothing.
+  v1::FetchExtents stolen = a.Signed(v1::FetchExtents());
+  stolen.set_session_secret(b.secret());
+  stolen.set_kind(v1::POOL_KIND_DDR);
+  std::vector<edge::UniqueFd> none;
+  EXPECT_EQ(env.core->FetchExtents(testing::SelfPeer(), stolen, &none).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  edge::PeerCredentials other = testing::SelfPeer();
+  other.uid += 1;
+  EXPECT_EQ(env.core->FetchExtents(other, a.Signed(v1::FetchExtents()), &none).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(none.empty());
 }
 
 TEST(DaemonCoreTest, SnapshotOffloadsAndAckCommitsTwoPhase) {
@@ -93,13 +136,14 @@ TEST(DaemonCoreTest, SnapshotOffloadsAndAckCommitsTwoPhase) {
   EXPECT_EQ(plan->report().full_bytes(), 1024u * 512);  // 512 bytes per token
   ASSERT_TRUE(w.Ack(*plan, true).ok());
 
-  auto st = env.core->GetStatus([] {
-    v1::GetStatusRequest r;
+  auto st = env.core->GetStatus([&] {
+    v1::GetStatusRequest r = w.Signed(v1::GetStatusRequest());  // the worker's own view
     r.set_include_sequences(true);
     r.set_include_workers(true);
     return r;
   }());
   ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->view(), "own");
   ASSERT_EQ(st->sequence_list_size(), 1);
   EXPECT_EQ(st->sequence_list(0).plan_version(), 1u);
   EXPECT_EQ(st->hbm_saved_bytes(), plan->report().full_bytes() - plan->report().t0_bytes());
@@ -154,13 +198,16 @@ TEST(DaemonCoreTest, OnePlanInFlightPerSequence) {
   // Acknowledging a version that is not in flight is refused, and changes nothing.
   v1::AckPlanRequest bad;
   bad.set_worker_id(w.id());
+  bad.set_session_secret(w.secret());
   bad.set_sequence_id(*seq);
   bad.set_plan_version(plan->plan_version() + 1);
   bad.set_applied(true);
   EXPECT_EQ(env.core->AckPlan(bad).status().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(w.Ack(*plan, true).ok());
-  // Acknowledging twice is stale too.
-  EXPECT_EQ(w.Ack(*plan, true).code(), absl::StatusCode::kFailedPrecondition);
+  // Acknowledging twice is a harmless replay (the first reply may have been lost).
+  const uint64_t used = testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes();
+  EXPECT_TRUE(w.Ack(*plan, true).ok());
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), used);
   // A snapshot claiming an older plan is stale.
   auto req = w.MakeSnapshot(*seq, 816, RampScores(51));
   req.set_last_plan_version(0);
@@ -191,7 +238,7 @@ TEST(DaemonCoreTest, SnapshotCarriesTheAckOfThePlanInFlight) {
   req.set_applied_plan_version(plan1->plan_version());
   req.set_page_scores(3, std::nanf(""));
   EXPECT_EQ(env.core->SubmitSnapshot(req).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.Ack(*plan1, true).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(w.Ack(*plan1, true).ok());  // settled already: a replay changes nothing
   const uint64_t ddr_after_ack = testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes();
   EXPECT_EQ(ddr_after_ack, CountTier(w.seq(*seq).tiers, 1) * kT1Slot);
 
@@ -250,6 +297,7 @@ TEST(DaemonCoreTest, CloseSequenceFreesEverythingIncludingPlanInFlight) {
         plan2->move_dst_slot(i) != 0 || (plan2->move_to()[i] == 1 || plan2->move_to()[i] == 2);
   v1::CloseSequenceRequest c;
   c.set_worker_id(w.id());
+  c.set_session_secret(w.secret());
   c.set_sequence_id(*seq);
   auto closed = env.core->CloseSequence(c);
   ASSERT_TRUE(closed.ok());
@@ -311,6 +359,7 @@ TEST(DaemonCoreTest, HeartbeatWithOtherEpochMustRegisterAgain) {
   SimWorker a(env.core.get());
   v1::HeartbeatRequest r;
   r.set_worker_id(a.id());
+  r.set_session_secret(a.secret());
   r.set_daemon_epoch(a.registration().daemon_epoch() + 1);
   auto hb = env.core->Heartbeat(r);
   EXPECT_EQ(hb.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -396,7 +445,7 @@ TEST(DaemonCoreTest, WorkerQuotaDegradesLikeAShortPool) {
 TEST(DaemonCoreTest, NeverMoreEvictionThanConfiguredUnderPressure) {
   std::mt19937 rng(11);
   Env roomy(SmallOptions(64ull << 20, 32ull << 20));
-  Env tiny(SmallOptions(6 * kT1Slot, 3 * 2560));
+  Env tiny(SmallOptions(6 * kT1Slot, 3 * 4096));
   SimWorker wr(roomy.core.get()), wt(tiny.core.get());
   auto pol = Policy("hierarchy", 0.2, 0.3, 0.2);
   auto sr = wr.Open(100, pol);
@@ -444,6 +493,7 @@ TEST(DaemonCoreTest, NoSlotOwnedTwiceUnderRandomWorkload) {
     } else if (op == 1) {
       v1::CloseSequenceRequest c;
       c.set_worker_id(w.id());
+      c.set_session_secret(w.secret());
       c.set_sequence_id(id);
       ASSERT_TRUE(env.core->CloseSequence(c).ok());
       seqs.erase(it);
@@ -497,7 +547,7 @@ TEST(DaemonCoreTest, SequenceAndWorkerCapsAreResourceExhausted) {
   EXPECT_EQ(a.Open(0, Policy("full", 1, 0, 0)).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(b.Open(0, Policy("full", 1, 0, 0)).ok());
-  EXPECT_EQ(env.core->RegisterWorker(testing::WorkerRequest()).status().code(),
+  EXPECT_EQ(testing::Register(env.core.get(), testing::WorkerRequest()).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
@@ -508,11 +558,13 @@ TEST(DaemonCoreTest, AnotherWorkersSequenceIsPermissionDenied) {
   ASSERT_TRUE(sa.ok());
   auto req = a.MakeSnapshot(*sa, 100, RampScores(7));
   req.set_worker_id(b.id());
+  req.set_session_secret(b.secret());
   auto r = env.core->SubmitSnapshot(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(r.status().message().find("sequence_id"), std::string::npos);
   v1::CloseSequenceRequest c;
   c.set_worker_id(b.id());
+  c.set_session_secret(b.secret());
   c.set_sequence_id(*sa);
   EXPECT_EQ(env.core->CloseSequence(c).status().code(), absl::StatusCode::kPermissionDenied);
 }
@@ -555,6 +607,7 @@ TEST(DaemonCoreTest, MetricsFollowTheFlow) {
   ASSERT_TRUE(w.Ack(*plan, true).ok());
   v1::OpenSequenceRequest bad;
   bad.set_worker_id(w.id());
+  bad.set_session_secret(w.secret());
   (void)env.core->OpenSequence(bad);
   prometheus::TextSerializer ser;
   std::string text = ser.Serialize(env.metrics->registry()->Collect());
@@ -600,6 +653,7 @@ TEST(DaemonCoreConcurrencyTest, ConcurrentWorkersKeepInvariants) {
         }
         v1::CloseSequenceRequest c;
         c.set_worker_id(w.id());
+        c.set_session_secret(w.secret());
         c.set_sequence_id(*seq);
         if (!env.core->CloseSequence(c).ok()) ++failures;
         w.sequences().erase(*seq);
@@ -638,12 +692,13 @@ TEST(DaemonCoreTest, WorkersWithDifferentPageSizesShareThePools) {
   big_req.mutable_geometry()->set_head_dim(48);  // 3x the page: 24576-byte T1 slots
   big_req.set_t1_page_bytes(3 * kT1Slot);
   big_req.set_t2_page_bytes(7000);
-  auto big = env.core->RegisterWorker(big_req);
+  auto big = testing::Register(env.core.get(), big_req);
   ASSERT_TRUE(big.ok()) << big.status();
   auto s1 = small.Open(0, Policy("hierarchy", 0.2, 0, 0.2));
   ASSERT_TRUE(s1.ok());
   v1::OpenSequenceRequest open;
   open.set_worker_id(big->worker_id());
+  open.set_session_secret(big->session_secret());
   *open.mutable_policy() = Policy("hierarchy", 0.2, 0, 0.2);
   auto s2 = env.core->OpenSequence(open);
   ASSERT_TRUE(s2.ok());
@@ -651,6 +706,7 @@ TEST(DaemonCoreTest, WorkersWithDifferentPageSizesShareThePools) {
   ASSERT_TRUE(p1.ok());
   v1::SubmitSnapshotRequest r;
   r.set_worker_id(big->worker_id());
+  r.set_session_secret(big->session_secret());
   r.set_sequence_id(s2->sequence_id());
   r.set_length(1600);
   r.set_num_pages(100);
@@ -662,17 +718,17 @@ TEST(DaemonCoreTest, WorkersWithDifferentPageSizesShareThePools) {
       CountTier(p1->target_tiers(), 1) * kT1Slot + CountTier(p2->target_tiers(), 1) * 3 * kT1Slot;
   EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), t1);
   EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
-  // Slots of the two sizes never overlap.
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (int i = 0; i < p1->move_group_size(); ++i) {
-    if (p1->move_to()[i] == 1) ranges.emplace_back(p1->move_dst_slot(i), kT1Slot);
-  }
-  for (int i = 0; i < p2->move_group_size(); ++i) {
-    if (p2->move_to()[i] == 1) ranges.emplace_back(p2->move_dst_slot(i), 3 * kT1Slot);
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    EXPECT_LE(ranges[i - 1].first + ranges[i - 1].second, ranges[i].first);
+  // Each worker's slots lie in its own extents (offsets address them) and never overlap.
+  for (const auto& [plan, bytes] : {std::pair{&*p1, kT1Slot}, std::pair{&*p2, 3 * kT1Slot}}) {
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (int i = 0; i < plan->move_group_size(); ++i) {
+      if (plan->move_to()[i] == 1) ranges.emplace_back(plan->move_dst_slot(i), bytes);
+    }
+    ASSERT_FALSE(ranges.empty());
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      EXPECT_LE(ranges[i - 1].first + ranges[i - 1].second, ranges[i].first);
+    }
   }
 }
 

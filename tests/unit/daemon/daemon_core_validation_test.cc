@@ -104,13 +104,14 @@ TEST_F(ValidationTest, RegisterWorkerRejectsEveryBadField) {
        "t2_page_bytes"},
   };
   Run([] { return testing::WorkerRequest(); }, cases,
-      [&](const R& r) { return env_.core->RegisterWorker(r).status(); });
+      [&](const R& r) { return testing::Register(env_.core.get(), r).status(); });
 }
 
 TEST_F(ValidationTest, OpenSequenceRejectsEveryBadField) {
   using R = v1::OpenSequenceRequest;
   R base;
   base.set_worker_id(good_->id());
+  base.set_session_secret(good_->secret());
   base.set_prompt_tokens(10);
   *base.mutable_policy() = Policy("hierarchy", 0.5, 0.1, 0.1);
   std::vector<BadCase<R>> cases = {
@@ -175,7 +176,7 @@ TEST_F(ValidationTest, SubmitSnapshotRejectsEveryBadField) {
        "length"},
       {"num_pages mismatching a long length",
        [](R& r) {
-         r.set_length(uint64_t{1} << 27);
+         r.set_length(uint64_t{1} << 24);
          r.set_num_pages(1u << 30);
        },
        StatusCode::kInvalidArgument, "num_pages"},
@@ -215,6 +216,7 @@ TEST_F(ValidationTest, AckAndCloseRejectBadIds) {
   using A = v1::AckPlanRequest;
   A base;
   base.set_worker_id(good_->id());
+  base.set_session_secret(good_->secret());
   base.set_sequence_id(good_seq_);
   base.set_plan_version(plan->plan_version());
   base.set_applied(true);
@@ -226,7 +228,7 @@ TEST_F(ValidationTest, AckAndCloseRejectBadIds) {
       {"foreign sequence", [other_seq](A& r) { r.set_sequence_id(other_seq); },
        StatusCode::kPermissionDenied, "sequence_id"},
       {"other worker acks", [other_id](A& r) { r.set_worker_id(other_id); },
-       StatusCode::kPermissionDenied, "sequence_id"},
+       StatusCode::kPermissionDenied, "session_secret"},
       {"wrong version", [](A& r) { r.set_plan_version(99); }, StatusCode::kFailedPrecondition,
        "plan_version"},
   };
@@ -243,6 +245,7 @@ TEST_F(ValidationTest, AckAndCloseRejectBadIds) {
 
   v1::CloseSequenceRequest close;
   close.set_worker_id(good_->id());
+  close.set_session_secret(good_->secret());
   close.set_sequence_id(12345);
   auto st = env_.core->CloseSequence(close).status();
   EXPECT_EQ(st.code(), StatusCode::kNotFound);

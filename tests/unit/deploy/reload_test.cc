@@ -74,7 +74,7 @@ TEST(ReloadTest, RandomConfigsEveryChangeIsReportedOnceAndApplyConverges) {
     text += absl::StrCat("log_level = \"", levels[rng() % 4], "\"\n");
     if (coin(rng)) text += "metrics = \"\"\n";
     text += absl::StrCat("[pools]\nddr_mib = ", 64 << (rng() % 3), "\n");
-    text += absl::StrCat("[leases]\nttl_ms = ", 1000 * (1 + rng() % 3), "\n");
+    text += absl::StrCat("[leases]\nttl_ms = ", 3000 * (1 + rng() % 3), "\n");
     text += absl::StrCat("[limits]\nmax_workers = ", 1 + rng() % 3, "\n");
     text += absl::StrCat("[policy]\nhbm_ratio = ", (rng() % 3) / 4.0, "\n");
     return text;

@@ -1,5 +1,5 @@
-#ifndef KVTIER_CLIENT_RPC_RPC_STATUS_H_
-#define KVTIER_CLIENT_RPC_RPC_STATUS_H_
+#ifndef KVTIER_EDGE_RPC_STATUS_H_
+#define KVTIER_EDGE_RPC_STATUS_H_
 
 // The one place where absl::Status and grpc::Status meet (gRPC 1.51 cannot convert them).
 
@@ -7,11 +7,11 @@
 
 #include "absl/status/status.h"
 
-namespace kvtier::rpc {
+namespace kvtier::edge {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-}  // namespace kvtier::rpc
+}  // namespace kvtier::edge
 
-#endif  // KVTIER_CLIENT_RPC_RPC_STATUS_H_
+#endif  // KVTIER_EDGE_RPC_STATUS_H_

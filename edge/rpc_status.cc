@@ -1,8 +1,8 @@
-#include "client/rpc/rpc_status.h"
+#include "edge/rpc_status.h"
 
 #include <string>
 
-namespace kvtier::rpc {
+namespace kvtier::edge {
 
 // Both code sets are the canonical ones, numbered alike (0..16).
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -15,4 +15,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-}  // namespace kvtier::rpc
+}  // namespace kvtier::edge

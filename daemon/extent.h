@@ -1,0 +1,46 @@
+#ifndef KVTIER_DAEMON_EXTENT_H_
+#define KVTIER_DAEMON_EXTENT_H_
+
+// Pool memory as the daemon hands it out: unnamed segments (memfd, or O_TMPFILE files in a
+// configured tmpfs directory) that only holders of their descriptors can map. Nothing is ever
+// reachable by name. The daemon itself never maps extents; it only creates, passes and closes
+// them. Memory stays alive while any process maps it, so memory a lost worker may still read is
+// never handed to anyone else: a new grant is always a new segment.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/layout/shm_abi.h"
+#include "edge/memory_channel.h"
+
+namespace kvtier::daemon {
+
+// One segment and its descriptor. Move-only; closing the descriptor is all destruction does.
+class Extent {
+ public:
+  // A segment of `bytes`, fully reserved now (fallocate), so that a short tmpfs is
+  // RESOURCE_EXHAUSTED here and never a SIGBUS in a worker later. `dir` empty: memfd (sealed
+  // against shrinking and growing); otherwise an unnamed file in that directory.
+  static absl::StatusOr<Extent> Create(const std::string& label, uint64_t bytes,
+                                       const std::string& dir);
+  // A one-page segment holding `header`, sealed so that nobody (the daemon included) can write,
+  // shrink or grow it again: workers map it read-only.
+  static absl::StatusOr<Extent> CreateSealedHeader(const std::string& label,
+                                                   const layout::PoolHeader& header);
+
+  Extent(Extent&&) = default;
+  Extent& operator=(Extent&&) = default;
+
+  int fd() const { return fd_.get(); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  Extent(edge::UniqueFd fd, uint64_t bytes) : fd_(std::move(fd)), bytes_(bytes) {}
+  edge::UniqueFd fd_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_EXTENT_H_

@@ -1,0 +1,95 @@
+#include "daemon/kvtierd/channel_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr absl::Duration kRequestTimeout = absl::Milliseconds(500);
+
+v1::ChannelReply ErrorReply(const absl::Status& s) {
+  v1::ChannelReply reply;
+  reply.set_code(static_cast<int>(s.code()));
+  reply.set_message(std::string(s.message()));
+  return reply;
+}
+
+}  // namespace
+
+ChannelServer::ChannelServer(edge::UniqueFd listener, DaemonCore* core, LogFn log_debug)
+    : listener_(std::move(listener)), core_(core), log_debug_(std::move(log_debug)) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) == 0) {
+    wake_read_.Reset(fds[0]);
+    wake_write_.Reset(fds[1]);
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ChannelServer::~ChannelServer() {
+  if (wake_write_.valid()) (void)!write(wake_write_.get(), "x", 1);
+  thread_.join();
+}
+
+void ChannelServer::Loop() {
+  for (;;) {
+    pollfd p[2] = {{listener_.get(), POLLIN, 0}, {wake_read_.get(), POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) continue;
+    if (p[1].revents != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    edge::UniqueFd connection(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!connection.valid()) continue;
+    timeval tv = absl::ToTimeval(kRequestTimeout);
+    setsockopt(connection.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    Serve(connection.get());
+  }
+}
+
+void ChannelServer::Serve(int connection) {
+  absl::StatusOr<edge::PeerCredentials> peer = edge::PeerOf(connection);
+  v1::ChannelRequest request;
+  absl::StatusOr<std::vector<edge::UniqueFd>> sent_fds = edge::ReceiveMessage(connection, &request);
+  if (!peer.ok() || !sent_fds.ok()) {
+    const absl::Status& s = !peer.ok() ? peer.status() : sent_fds.status();
+    log_debug_(absl::StrCat("memory channel: dropped a request: ", s.message()));
+    (void)edge::SendMessage(connection, ErrorReply(s), {});
+    return;
+  }
+  // Descriptors a caller sent are never used: they close with sent_fds.
+  std::vector<edge::UniqueFd> fds;
+  absl::StatusOr<v1::ChannelReply> reply;
+  switch (request.op_case()) {
+    case v1::ChannelRequest::kHello:
+      reply = core_->Hello(*peer);
+      break;
+    case v1::ChannelRequest::kFetchExtents:
+      reply = core_->FetchExtents(*peer, request.fetch_extents(), &fds);
+      break;
+    default:
+      reply = absl::InvalidArgumentError(
+          "channel request names no operation (hello or "
+          "fetch_extents)");
+  }
+  if (!reply.ok()) {
+    log_debug_(absl::StrCat("memory channel: uid ", peer->uid, " pid ", peer->pid, ": ",
+                            reply.status().message()));
+    (void)edge::SendMessage(connection, ErrorReply(reply.status()), {});
+    return;
+  }
+  std::vector<int> raw;
+  raw.reserve(fds.size());
+  for (const edge::UniqueFd& fd : fds) raw.push_back(fd.get());
+  absl::Status s = edge::SendMessage(connection, *reply, raw);
+  if (!s.ok()) log_debug_(absl::StrCat("memory channel: reply not sent: ", s.message()));
+}
+
+}  // namespace kvtier::daemon

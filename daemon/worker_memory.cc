@@ -1,0 +1,56 @@
+#include "daemon/worker_memory.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
+
+namespace kvtier::daemon {
+
+PoolBudget::PoolBudget(layout::PoolKind kind, uint64_t capacity, uint64_t extent_bytes,
+                       std::string label, std::string dir)
+    : kind_(kind),
+      capacity_(capacity),
+      extent_bytes_(extent_bytes),
+      label_(std::move(label)),
+      dir_(std::move(dir)) {}
+
+absl::StatusOr<Extent> PoolBudget::Take() {
+  if (reserved_ + extent_bytes_ > capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        kind_ == layout::PoolKind::kDdr ? "DDR" : "compressed", " budget full: ", extents_out(),
+        " extents of ", extent_bytes_, " bytes out of ", capacity_));
+  }
+  ASSIGN_OR_RETURN(Extent extent, Extent::Create(label_, extent_bytes_, dir_));
+  reserved_ += extent_bytes_;
+  return extent;
+}
+
+void PoolBudget::Return(uint64_t bytes) { reserved_ -= bytes; }
+
+WorkerMemory::WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header)
+    : budget_(budget), tag_(tag), max_extents_(max_extents), header_(std::move(header)) {}
+
+WorkerMemory::~WorkerMemory() {
+  for (const auto& held : extents_) budget_->Return(held->extent.bytes());
+}
+
+absl::StatusOr<Slot> WorkerMemory::Allocate(uint64_t bytes) {
+  for (const auto& held : extents_) {
+    if (held->slots.CanAllocate(bytes)) return held->slots.Allocate(bytes);
+  }
+  if (extents_.size() >= max_extents_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("worker holds its most extents (", max_extents_, ")"));
+  }
+  ASSIGN_OR_RETURN(Extent extent, budget_->Take());
+  const uint64_t base = extents_.size() * budget_->extent_bytes();
+  extents_.push_back(std::unique_ptr<Held>(
+      new Held{std::move(extent), SlotAllocator(budget_->extent_bytes(), base, tag_)}));
+  return extents_.back()->slots.Allocate(bytes);
+}
+
+absl::Status WorkerMemory::CheckInvariants() const {
+  for (const auto& held : extents_) RETURN_IF_ERROR(held->slots.CheckInvariants());
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,87 @@
+#ifndef KVTIER_DAEMON_WORKER_MEMORY_H_
+#define KVTIER_DAEMON_WORKER_MEMORY_H_
+
+// The node-wide budget of one pool and each worker's share of it. A worker's memory is a list
+// of extents (daemon/extent.h) and the slots carved from them; slot offsets address the
+// worker's extents back to back (extent i starts at i * extent_bytes), which is how the worker
+// maps them. Another worker's pages are never in memory this worker holds a descriptor of.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/layout/shm_abi.h"
+#include "daemon/extent.h"
+#include "daemon/slot_allocator.h"
+
+namespace kvtier::daemon {
+
+// What one pool may hand out in all: capacity bytes in extents of extent_bytes. Not
+// thread-safe (the core's mutex serializes).
+class PoolBudget {
+ public:
+  // `label` names the segments (visible in /proc/PID/maps); `dir` as in Extent::Create.
+  PoolBudget(layout::PoolKind kind, uint64_t capacity, uint64_t extent_bytes, std::string label,
+             std::string dir);
+
+  // A new extent charged to the budget: RESOURCE_EXHAUSTED when the budget has no extent left
+  // or the memory cannot be reserved (a full tmpfs).
+  absl::StatusOr<Extent> Take();
+  // An extent's descriptor was closed.
+  void Return(uint64_t bytes);
+
+  layout::PoolKind kind() const { return kind_; }
+  uint64_t capacity() const { return capacity_; }
+  uint64_t extent_bytes() const { return extent_bytes_; }
+  uint64_t reserved_bytes() const { return reserved_; }
+  uint64_t extents_out() const { return reserved_ / extent_bytes_; }
+  const std::string& label() const { return label_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  const layout::PoolKind kind_;
+  const uint64_t capacity_;
+  const uint64_t extent_bytes_;
+  const std::string label_, dir_;
+  uint64_t reserved_ = 0;
+};
+
+// One worker's memory of one pool. Not thread-safe (the core's mutex serializes); every Slot
+// must be released before it is destroyed, which returns its extents to the budget.
+class WorkerMemory {
+ public:
+  // `budget` must outlive this. `tag` labels the slots' allocators (the pool index).
+  WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header);
+  WorkerMemory(const WorkerMemory&) = delete;
+  WorkerMemory& operator=(const WorkerMemory&) = delete;
+  ~WorkerMemory();
+
+  // A slot of `bytes` in the lowest extent with room, else in a new extent. RESOURCE_EXHAUSTED
+  // when the worker holds max_extents already or the budget is short.
+  absl::StatusOr<Slot> Allocate(uint64_t bytes);
+
+  uint32_t num_extents() const { return static_cast<uint32_t>(extents_.size()); }
+  uint64_t max_extents() const { return max_extents_; }
+  uint64_t extent_bytes() const { return budget_->extent_bytes(); }
+  int extent_fd(uint32_t i) const { return extents_[i]->extent.fd(); }
+  int header_fd() const { return header_.fd(); }
+  // Checks every extent's allocator.
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Held {
+    Extent extent;
+    SlotAllocator slots;
+  };
+  PoolBudget* const budget_;
+  const int tag_;
+  const uint64_t max_extents_;
+  Extent header_;
+  std::vector<std::unique_ptr<Held>> extents_;  // stable addresses: slots point at allocators
+};
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_WORKER_MEMORY_H_
