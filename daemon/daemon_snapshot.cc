@@ -230,8 +230,9 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnapshotRequest& r) {
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
   ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
-  const bool replayed_ack = r.applied_plan_version() != 0 && !s->pending.has_value() &&
-                            r.applied_plan_version() == s->last_applied;
+  const bool replayed_ack =
+      r.applied_plan_version() != 0 && r.applied_plan_version() == s->last_applied &&
+      (!s->pending.has_value() || s->pending->version != r.applied_plan_version());
   if (r.applied_plan_version() != 0 && !replayed_ack) {
     // Exactly an AckPlan ahead of the snapshot: it stands even if the snapshot is refused.
     RETURN_IF_ERROR(

@@ -1,0 +1,328 @@
+// Sessions and the trust boundary in the core: secrets, tickets, the peer rules, who sees what,
+// and the parts of the plan protocol that let a session survive a lost message.
+
+#include <unistd.h>
+
+#include <functional>
+
+#include "daemon/daemon_core.h"
+#include "tests/unit/daemon/core_test_util.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using testing::Env;
+using testing::Policy;
+using testing::RampScores;
+using testing::SimWorker;
+using testing::SmallOptions;
+
+// What an attacker could hope to change: the whole observable state of the core.
+std::string Fingerprint(DaemonCore* core) {
+  v1::GetStatusRequest r;
+  r.set_include_workers(true);
+  r.set_include_sequences(true);
+  r.set_operator_ticket(testing::Ticket(core));  // this process runs as the daemon's uid
+  auto st = core->GetStatus(r);
+  EXPECT_TRUE(st.ok());
+  for (auto& w : *st->mutable_worker_list()) w.clear_lease_remaining_ms();
+  st->clear_uptime_ms();
+  return st->SerializeAsString();
+}
+
+TEST(SessionTest, EveryRequestWithAnotherWorkersIdsOrAWrongSecretIsDeniedAndChangesNothing) {
+  Env env;
+  SimWorker victim(env.core.get()), attacker(env.core.get());
+  auto seq = victim.Open(0, Policy("hierarchy", 0.2, 0, 0.2));
+  ASSERT_TRUE(seq.ok());
+  auto plan = victim.Snapshot(*seq, 800, RampScores(50));
+  ASSERT_TRUE(plan.ok());  // left in flight: the attacker would love to settle it
+  const std::string before = Fingerprint(env.core.get());
+  env.clock.Advance(absl::Seconds(9));  // the victim's lease is nearly out
+
+  const std::vector<std::string> secrets = {attacker.secret(), "", std::string(16, '\0'),
+                                            victim.secret().substr(0, 15) + "x"};
+  int denied = 0;
+  for (const std::string& secret : secrets) {
+    auto as = [&](auto r) {
+      r.set_worker_id(victim.id());
+      r.set_session_secret(secret);
+      return r;
+    };
+    std::vector<std::function<absl::Status()>> calls = {
+        [&] {
+          v1::HeartbeatRequest r = as(v1::HeartbeatRequest());
+          r.set_daemon_epoch(victim.registration().daemon_epoch());
+          return env.core->Heartbeat(r).status();
+        },
+        [&] {
+          v1::OpenSequenceRequest r = as(v1::OpenSequenceRequest());
+          *r.mutable_policy() = Policy("hierarchy", 0.5, 0, 0);
+          return env.core->OpenSequence(r).status();
+        },
+        [&] {
+          v1::SubmitSnapshotRequest r = victim.MakeSnapshot(*seq, 816, RampScores(51));
+          r = as(r);
+          r.set_applied_plan_version(plan->plan_version());
+          r.set_abandon_pending(true);
+          return env.core->SubmitSnapshot(r).status();
+        },
+        [&] {
+          v1::AckPlanRequest r = as(v1::AckPlanRequest());
+          r.set_sequence_id(*seq);
+          r.set_plan_version(plan->plan_version());
+          r.set_applied(false);
+          return env.core->AckPlan(r).status();
+        },
+        [&] {
+          v1::CloseSequenceRequest r = as(v1::CloseSequenceRequest());
+          r.set_sequence_id(*seq);
+          return env.core->CloseSequence(r).status();
+        },
+        [&] { return env.core->CloseWorker(as(v1::CloseWorkerRequest())).status(); },
+        [&] {
+          v1::FetchExtents r = as(v1::FetchExtents());
+          r.set_kind(v1::POOL_KIND_DDR);
+          std::vector<edge::UniqueFd> fds;
+          absl::Status s = env.core->FetchExtents(testing::SelfPeer(), r, &fds).status();
+          EXPECT_TRUE(fds.empty());
+          return s;
+        },
+    };
+    for (auto& call : calls) {
+      absl::Status s = call();
+      EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+      EXPECT_NE(s.message().find("session_secret"), absl::string_view::npos) << s;
+      EXPECT_EQ(s.message().find(victim.secret()), absl::string_view::npos);
+      denied += s.code() == absl::StatusCode::kPermissionDenied;
+    }
+  }
+  EXPECT_EQ(denied, 7 * static_cast<int>(secrets.size()));
+  EXPECT_EQ(Fingerprint(env.core.get()), before);
+  // Not even the lease was renewed: two more seconds and the victim is gone.
+  env.clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(env.core->ReapExpired(), 2);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
+TEST(SessionTest, TicketsAreSingleUseShortLivedAndUnguessable) {
+  Env env;
+  v1::RegisterWorkerRequest r = testing::WorkerRequest();
+  EXPECT_EQ(env.core->RegisterWorker(r).status().code(), absl::StatusCode::kPermissionDenied);
+  r.set_channel_ticket(std::string(16, 'a'));
+  auto guessed = env.core->RegisterWorker(r);
+  EXPECT_EQ(guessed.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(guessed.status().message().find("channel_ticket"), absl::string_view::npos);
+  r.set_channel_ticket(testing::Ticket(env.core.get()));
+  auto first = env.core->RegisterWorker(r);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(env.core->RegisterWorker(r).status().code(), absl::StatusCode::kPermissionDenied);
+  r.set_channel_ticket(testing::Ticket(env.core.get()));
+  env.clock.Advance(absl::Seconds(31));
+  EXPECT_EQ(env.core->RegisterWorker(r).status().code(), absl::StatusCode::kPermissionDenied);
+  // A registration refused for a bad field does not spend the ticket.
+  r.set_channel_ticket(testing::Ticket(env.core.get()));
+  v1::RegisterWorkerRequest bad = r;
+  bad.set_t1_page_bytes(1);
+  EXPECT_EQ(env.core->RegisterWorker(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  auto second = env.core->RegisterWorker(r);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(first->session_secret(), second->session_secret());
+}
+
+TEST(SessionTest, PeersOutsideTheAllowedSetAreRefusedByNameOfTheRule) {
+  CoreOptions o = SmallOptions();
+  o.security.allow_uids = {4242};
+  o.security.allow_gids = {777};
+  Env env(o);
+  edge::PeerCredentials stranger{1000, 1000, 99, {5, 6}};
+  auto refused = env.core->Hello(stranger);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find("uid 1000"), absl::string_view::npos);
+  EXPECT_NE(refused.status().message().find("security.allow_uids [4242]"), absl::string_view::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("security.allow_gids [777]"), absl::string_view::npos);
+  EXPECT_TRUE(env.core->Hello({4242, 1000, 99, {}}).ok());
+  EXPECT_TRUE(env.core->Hello({1000, 1000, 99, {5, 777}}).ok());  // a supplementary group
+  auto member = env.core->Hello({1000, 777, 99, {}});
+  ASSERT_TRUE(member.ok());
+  EXPECT_FALSE(member->operator_());
+  EXPECT_EQ(member->peer_uid(), 1000u);
+  // By default: root, the daemon's uid and the pool group.
+  CoreOptions d = SmallOptions();
+  d.security.pool_gid = 555;
+  Env def(d);
+  EXPECT_TRUE(def.core->Hello({0, 1, 1, {}}).ok());
+  EXPECT_TRUE(def.core->Hello({1000, 555, 1, {}}).ok());
+  auto no = def.core->Hello({getuid() == 1000 ? 1001u : 1000u, 1000, 1, {}});
+  ASSERT_FALSE(no.ok());
+  EXPECT_NE(no.status().message().find("pool group (gid 555"), absl::string_view::npos)
+      << no.status();
+}
+
+TEST(SessionTest, StatusListsOnlyWhatTheCallerMaySee) {
+  Env env;
+  SimWorker a(env.core.get()), b(env.core.get());
+  ASSERT_TRUE(a.Open(0, Policy("hierarchy", 0.5, 0, 0)).ok());
+  ASSERT_TRUE(b.Open(0, Policy("hierarchy", 0.5, 0, 0)).ok());
+  v1::GetStatusRequest r;
+  r.set_include_workers(true);
+  r.set_include_sequences(true);
+  auto anyone = env.core->GetStatus(r);
+  ASSERT_TRUE(anyone.ok());
+  EXPECT_EQ(anyone->view(), "none");
+  EXPECT_EQ(anyone->workers(), 2u);  // node totals for anyone
+  EXPECT_EQ(anyone->worker_list_size(), 0);
+  EXPECT_EQ(anyone->sequence_list_size(), 0);
+  auto own = env.core->GetStatus(a.Signed(r));
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(own->view(), "own");
+  ASSERT_EQ(own->worker_list_size(), 1);
+  EXPECT_EQ(own->worker_list(0).worker_id(), a.id());
+  ASSERT_EQ(own->sequence_list_size(), 1);
+  EXPECT_EQ(own->sequence_list(0).worker_id(), a.id());
+  v1::GetStatusRequest forged = a.Signed(r);
+  forged.set_worker_id(b.id());
+  EXPECT_EQ(env.core->GetStatus(forged)->view(), "none");
+  // Operators: a ticket for a uid in security.operator_uids (or the daemon's own).
+  v1::GetStatusRequest op = r;
+  op.set_operator_ticket(testing::Ticket(env.core.get()));
+  auto all = env.core->GetStatus(op);
+  EXPECT_EQ(all->view(), "all");
+  EXPECT_EQ(all->worker_list_size(), 2);
+  EXPECT_EQ(all->sequence_list_size(), 2);
+  // The secret appears nowhere in any answer.
+  for (const auto& st : {*anyone, *own, *all}) {
+    EXPECT_EQ(st.SerializeAsString().find(a.secret()), std::string::npos);
+  }
+}
+
+TEST(SessionTest, ASnapshotAbandonsThePlanALostReplyCarriedAndReplaysTheLastAck) {
+  Env env;
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.2, 0, 0));
+  ASSERT_TRUE(seq.ok());
+  auto first = w.Snapshot(*seq, 800, RampScores(50));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(w.Ack(*first, true).ok());
+  // The next snapshot's reply is lost: the daemon holds a plan the worker never saw.
+  auto lost = w.Snapshot(*seq, 1200, RampScores(75, 3));
+  ASSERT_TRUE(lost.ok());
+  const uint64_t with_lost = testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes();
+  auto stuck = w.Snapshot(*seq, 1216, RampScores(76, 3));
+  EXPECT_EQ(stuck.status().code(), absl::StatusCode::kFailedPrecondition);  // as before
+  v1::SubmitSnapshotRequest retry = w.MakeSnapshot(*seq, 1216, RampScores(76, 3));
+  retry.set_abandon_pending(true);
+  retry.set_applied_plan_version(first->plan_version());  // an ack replayed, in doubt
+  auto resumed = env.core->SubmitSnapshot(retry);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_GT(resumed->plan_version(), lost->plan_version());
+  ASSERT_TRUE(w.Ack(*resumed, true).ok());
+  EXPECT_LE(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), with_lost);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
+TEST(SessionTest, PagesTheWorkerEvictedWhileAwayAreAdoptedAndTheirSlotsFreed) {
+  Env env;
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.2, 0.1, 0));
+  ASSERT_TRUE(seq.ok());
+  auto plan = w.Snapshot(*seq, 800, RampScores(50));
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(w.Ack(*plan, true).ok());
+  const uint64_t evicted_before = plan->report().tokens_t3();
+  const uint64_t used = testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes();
+  // The worker evicts two of its T1 pages on its own (local policy, no daemon).
+  testing::SimWorker::Seq& view = w.seq(*seq);
+  int evicted = 0;
+  for (size_t i = 0; i < view.tiers.size() && evicted < 2; ++i) {
+    if (view.tiers[i] == 1) {
+      view.tiers[i] = 3;
+      ++evicted;
+    }
+  }
+  ASSERT_EQ(evicted, 2);
+  // Reported at a longer length, whose eviction budget has room for them.
+  auto next = w.Snapshot(*seq, 1600, RampScores(100));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GE(next->report().tokens_t3(), evicted_before + 2 * 16);
+  for (size_t i = 0; i < view.tiers.size(); ++i) {
+    if (view.tiers[i] == 3) EXPECT_EQ(next->target_tiers()[i], 3) << "page " << i;
+  }
+  ASSERT_TRUE(w.Ack(*next, true).ok());
+  (void)used;
+  // Pages come back from T3 never: a T3 page reported as T1 is refused.
+  view = w.seq(*seq);
+  for (char& t : view.tiers) {
+    if (t == 3) {
+      t = 1;
+      break;
+    }
+  }
+  EXPECT_EQ(w.Snapshot(*seq, 1616, RampScores(101)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
+TEST(SessionTest, CloseWorkerReturnsItsExtentsAtOnce) {
+  Env env;
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.1, 0, 0));
+  ASSERT_TRUE(seq.ok());
+  auto plan = w.Snapshot(*seq, 1600, RampScores(100));
+  ASSERT_TRUE(plan.ok());
+  ASSERT_GT(plan->ddr_extents(), 0u);
+  auto closed = env.core->CloseWorker(w.Signed(v1::CloseWorkerRequest()));
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed->sequences_closed(), 1u);
+  EXPECT_EQ(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), 0u);
+  auto st = env.core->GetStatus(v1::GetStatusRequest());
+  EXPECT_EQ(st->workers(), 0u);
+  EXPECT_NE(st->pools(0).shm_name().find("(0 x"), std::string::npos) << st->pools(0).shm_name();
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
+TEST(SessionTest, ReloadRefusesALeaseShorterThanTheHeartbeatAndKeepsTheOld) {
+  Env env;
+  CoreOptions o = SmallOptions();
+  o.lease_ttl = absl::Seconds(1);
+  o.heartbeat_interval = absl::Seconds(2);
+  absl::Status s = env.core->Reload(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("leases.ttl_ms"), absl::string_view::npos);
+  SimWorker w(env.core.get());
+  EXPECT_EQ(w.registration().lease_ttl_ms(), 10000u);
+  o.lease_ttl = absl::Seconds(5);
+  ASSERT_TRUE(env.core->Reload(o).ok());
+  v1::HeartbeatRequest hb = w.Signed(v1::HeartbeatRequest());
+  hb.set_daemon_epoch(w.registration().daemon_epoch());
+  auto beat = env.core->Heartbeat(hb);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ(beat->lease_ttl_ms(), 5000u);  // every heartbeat says the TTL to respect
+  EXPECT_EQ(beat->heartbeat_interval_ms(), 2000u);
+}
+
+TEST(SessionTest, LimitsBoundSlotSizesAndSequencesNodeWide) {
+  CoreOptions o = SmallOptions();
+  o.max_sequences = 3;
+  Env env(o);
+  v1::RegisterWorkerRequest r = testing::WorkerRequest();
+  r.set_t1_page_bytes(3 * 8192);  // more than twice the geometry's page
+  auto big = testing::Register(env.core.get(), r);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("t1_page_bytes"), absl::string_view::npos);
+  r = testing::WorkerRequest();
+  r.set_t2_page_bytes(2 * r.t1_page_bytes() + 1);
+  EXPECT_NE(testing::Register(env.core.get(), r).status().message().find("t2_page_bytes"),
+            absl::string_view::npos);
+  SimWorker a(env.core.get()), b(env.core.get());
+  ASSERT_TRUE(a.Open(0, Policy("hierarchy", 0.5, 0, 0)).ok());
+  ASSERT_TRUE(a.Open(0, Policy("hierarchy", 0.5, 0, 0)).ok());
+  ASSERT_TRUE(b.Open(0, Policy("hierarchy", 0.5, 0, 0)).ok());
+  auto over = b.Open(0, Policy("hierarchy", 0.5, 0, 0));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("limits.max_sequences"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
