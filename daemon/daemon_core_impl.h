@@ -186,8 +186,8 @@ class DaemonCoreImpl final : public DaemonCore {
 
   // Records pages the snapshot reports evicted (T3) that the record still places elsewhere: the
   // worker evicted them while the daemon was out of reach. Their slots are freed.
-  void AdoptWorkerEvictionsLocked(WorkerRec& w, SequenceRec& s, const std::string& tiers,
-                                  uint32_t num_pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdoptWorkerEvictionsLocked(WorkerRec& w, SequenceRec& s, const std::string& tiers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grows the acknowledged placement to `num_pages` (new pages in T0).
   void GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -80,8 +80,9 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
       }
       const Tier expected = p < old_pages ? s.placement.at(g, static_cast<uint32_t>(p)) : Tier::kT0;
       // A page the worker evicted on its own while the daemon was out of reach (DESIGN.md §3:
-      // the same policy, no new offloads) is adopted: the evicted set only grows.
-      const bool evicted_by_worker = static_cast<Tier>(t) == Tier::kT3 && p < old_pages;
+      // the same policy, no new offloads), or before the sequence re-opened under a new session,
+      // is adopted: the evicted set only grows.
+      const bool evicted_by_worker = static_cast<Tier>(t) == Tier::kT3;
       if (static_cast<Tier>(t) != expected && !evicted_by_worker) {
         return Precondition(absl::StrCat("current_tiers[", i, "] (group ", g, ", page ", p,
                                          ") is T", int{t}, " but the acknowledged placement says ",
@@ -159,16 +160,12 @@ std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const Se
 }
 
 void DaemonCoreImpl::AdoptWorkerEvictionsLocked(WorkerRec& w, SequenceRec& s,
-                                                const std::string& tiers, uint32_t num_pages) {
-  const uint32_t old_pages = s.placement.num_pages;
-  for (uint32_t g = 0; g < s.placement.num_groups; ++g) {
-    for (uint32_t p = 0; p < old_pages; ++p) {
-      if (static_cast<Tier>(tiers[size_t{g} * num_pages + p]) != Tier::kT3) continue;
-      const size_t i = size_t{g} * old_pages + p;
-      if (s.placement.tiers[i] == Tier::kT3) continue;
-      ReleaseLocked(w, s.slots[i]);
-      s.placement.tiers[i] = Tier::kT3;
-    }
+                                                const std::string& tiers) {
+  // Called after GrowLocked: the record and `tiers` have the same shape.
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    if (static_cast<Tier>(tiers[i]) != Tier::kT3 || s.placement.tiers[i] == Tier::kT3) continue;
+    ReleaseLocked(w, s.slots[i]);
+    s.placement.tiers[i] = Tier::kT3;
   }
 }
 
@@ -246,8 +243,8 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
     UpdateGaugesLocked();
   }
   RETURN_IF_ERROR(ValidateSnapshot(*s, w->geometry, options_.max_snapshot_entries, r));
-  AdoptWorkerEvictionsLocked(*w, *s, r.current_tiers(), r.num_pages());
   GrowLocked(*s, r.length(), r.num_pages());
+  AdoptWorkerEvictionsLocked(*w, *s, r.current_tiers());
   SetFiguresLocked(*s, ComputeFigures(w->geometry, s->placement, s->prompt_tokens, s->length));
 
   const Placement& current = s->placement;

@@ -121,6 +121,17 @@ uint32_t TieredKvStore::num_pages() const {
   return n;
 }
 
+absl::Status TieredKvStore::RebindPools(PagePool* ddr_pool, PagePool* compressed_pool) {
+  if (!held_[0].empty() || !held_[1].empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot rebind pools: ", held_[0].size(),
+                                                      " pages in T1 and ", held_[1].size(),
+                                                      " in T2 still live in the old ones"));
+  }
+  memory_.ddr_pool = ddr_pool;
+  memory_.compressed_pool = compressed_pool;
+  return absl::OkStatus();
+}
+
 PagePool* TieredKvStore::PoolOf(Tier tier) const {
   return tier == Tier::kT1   ? memory_.ddr_pool
          : tier == Tier::kT2 ? memory_.compressed_pool

@@ -124,6 +124,9 @@ class TieredKvStore final : public AttentionCache {
   absl::Status ApplyPlan(const std::vector<tiering::Move>& moves,
                          const std::vector<SlotAssignment>& slots,
                          std::vector<ReleasedSlot>* released = nullptr);
+  // Points the store at other pools (a new daemon session's memory). FAILED_PRECONDITION while
+  // any page lives in T1 or T2: promote them first.
+  absl::Status RebindPools(PagePool* ddr_pool, PagePool* compressed_pool);
   // Local mode: takes destination slots from `source`, applies, and frees released slots there
   // (and the new slots again when the plan is rejected).
   absl::Status ApplyPlanLocal(const std::vector<tiering::Move>& moves, SlotSource& source);

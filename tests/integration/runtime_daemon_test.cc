@@ -108,8 +108,12 @@ TEST(RuntimeDaemonTest, DaemonKilledMidSequenceLosesNothingAndWorkersRejoin) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
       << "a page was lost or corrupted while the daemon was away";
-  EXPECT_FALSE((*tiered)->daemon_backed());
+  // The sequence re-opened under the new session (its pooled pages promoted home first) and
+  // tiers with the new daemon again.
+  EXPECT_TRUE((*tiered)->daemon_backed());
+  EXPECT_EQ((*tiered)->rejoins(), 1u);
   EXPECT_GT((*tiered)->Report().degraded_plans, 0u);
+  EXPECT_GT((*tiered)->Report().ddr_bytes, 0u);
   // New sequences use the new daemon.
   auto fresh = remote->Open(Lossless(0.3));
   ASSERT_TRUE(fresh.ok()) << fresh.status();

@@ -53,18 +53,22 @@ struct Outcome {
   uint64_t generation_before = 0, generation_after = 0;
   double mean_t1_tokens = 0;  // DDR tokens held, averaged over the steps
   uint64_t plans = 0, degraded = 0;
+  uint64_t rejoins = 0;        // re-opened under a new session
+  bool backed = false;         // tiering with the daemon at the end
+  uint64_t t1_tokens_end = 0;  // DDR tokens held at the end
   std::string error;
 };
 
 std::string Encode(const Outcome& o) {
   return absl::StrCat(o.identical, " ", o.id_before, " ", o.id_after, " ", o.generation_before, " ",
                       o.generation_after, " ", o.mean_t1_tokens, " ", o.plans, " ", o.degraded, " ",
+                      o.rejoins, " ", o.backed, " ", o.t1_tokens_end, " ",
                       o.error.empty() ? "-" : o.error);
 }
 
 Outcome Decode(const std::vector<std::string>& f) {
   Outcome o;
-  if (f.size() < 9) {
+  if (f.size() < 12) {
     o.error = "short report";
     return o;
   }
@@ -76,7 +80,10 @@ Outcome Decode(const std::vector<std::string>& f) {
   o.mean_t1_tokens = std::stod(f[5]);
   o.plans = std::stoull(f[6]);
   o.degraded = std::stoull(f[7]);
-  for (size_t i = 8; i < f.size(); ++i) o.error += (i > 8 ? " " : "") + f[i];
+  o.rejoins = std::stoull(f[8]);
+  o.backed = f[9] == "1";
+  o.t1_tokens_end = std::stoull(f[10]);
+  for (size_t i = 11; i < f.size(); ++i) o.error += (i > 11 ? " " : "") + f[i];
   if (o.error == "-") o.error.clear();
   return o;
 }
@@ -123,6 +130,9 @@ Outcome RunWorker(const std::string& address, uint64_t seed) {
   out.generation_after = (*remote)->client()->generation();
   out.plans = (*tiered)->Report().plans;
   out.degraded = (*tiered)->Report().degraded_plans;
+  out.rejoins = (*tiered)->rejoins();
+  out.backed = (*tiered)->daemon_backed();
+  out.t1_tokens_end = (*tiered)->Report().tokens[1];
   return out;
 }
 
@@ -194,6 +204,8 @@ TEST(SessionResumeTest, ThreeWorkersKeepTheirSessionsAcrossThreeDaemonStalls) {
     EXPECT_TRUE(s.identical) << "a stall changed a token";
     EXPECT_EQ(s.id_after, s.id_before) << "the worker registered again instead of resuming";
     EXPECT_EQ(s.generation_after, s.generation_before);
+    EXPECT_EQ(s.rejoins, 0u);
+    EXPECT_TRUE(s.backed);
     EXPECT_GT(c.mean_t1_tokens, 100);
     // Tiering went on after the stalls: DDR holds nearly what it holds without them.
     EXPECT_GE(s.mean_t1_tokens, 0.8 * c.mean_t1_tokens);
@@ -229,6 +241,10 @@ TEST(SessionResumeTest, AWorkerStoppedPastItsLeaseLosesNothingAndStaysIdentical)
   EXPECT_TRUE(s.identical) << s.error;
   EXPECT_GT(s.generation_after, s.generation_before) << "the lease was lost: a new session";
   EXPECT_EQ(b.generation_after, b.generation_before);
+  // Its sequence re-opened under the new session and tiers again, in fresh memory.
+  EXPECT_EQ(s.rejoins, 1u);
+  EXPECT_TRUE(s.backed);
+  EXPECT_GT(s.t1_tokens_end, 0u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "core/status/status_macros.h"
 #include "core/tiering/plan.h"
 #include "kvtier/client.h"
+#include "worker/page_pool.h"
 
 namespace kvtier::worker {
 namespace {
@@ -104,6 +105,9 @@ absl::Status TieredSequence::Retier() {
   ScopedTimer timer(&report_.tier_nanos);
   if (client_ == nullptr) return RetierLocal(/*allow_offloads=*/true);
   if (!orphaned_ && client_->generation() != generation_) orphaned_ = true;
+  if (orphaned_ && client_->connected() && client_->generation() != generation_) {
+    if (Rejoin().ok()) orphaned_ = false;
+  }
   if (!orphaned_) {
     absl::Status s = RetierWithDaemon();
     exchange_failed_ = !s.ok();
@@ -113,6 +117,43 @@ absl::Status TieredSequence::Retier() {
   // The daemon is unreachable (or forgot us): keep decoding on what we hold, no new offloads.
   ++report_.degraded_plans;
   return RetierLocal(/*allow_offloads=*/false);
+}
+
+absl::Status TieredSequence::Rejoin() {
+  const uint64_t generation = client_->generation();
+  std::shared_ptr<PoolMapping> ddr = client_->pool(v1::POOL_KIND_DDR);
+  std::shared_ptr<PoolMapping> compressed = client_->pool(v1::POOL_KIND_COMPRESSED);
+  if (ddr == nullptr || compressed == nullptr) return absl::UnavailableError("no pools yet");
+  // Pages in the old session's memory come home first (exact copies; T2 pages keep their
+  // 8-bit values), so nothing depends on memory the daemon no longer accounts for.
+  const tiering::Placement current = store_->placement();
+  std::vector<tiering::Move> promotions;
+  for (uint32_t g = 0; g < current.num_groups; ++g) {
+    for (uint32_t p = 0; p < current.num_pages; ++p) {
+      const Tier t = current.at(g, p);
+      if (t == Tier::kT1 || t == Tier::kT2) promotions.push_back({g, p, t, Tier::kT0});
+    }
+  }
+  if (!promotions.empty()) {
+    RETURN_IF_ERROR(store_->ApplyPlan(promotions, std::vector<SlotAssignment>(promotions.size())));
+  }
+  auto ddr_pool =
+      std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes());
+  auto compressed_pool = std::make_unique<ExternalPagePool>(
+      PoolKind::kCompressed, compressed->data(), compressed->data_bytes());
+  ASSIGN_OR_RETURN(uint64_t id,
+                   client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag));
+  RETURN_IF_ERROR(store_->RebindPools(ddr_pool.get(), compressed_pool.get()));
+  ddr_pool_ = std::move(ddr_pool);
+  compressed_pool_ = std::move(compressed_pool);
+  ddr_mapping_ = std::move(ddr);
+  compressed_mapping_ = std::move(compressed);
+  sequence_id_ = id;
+  generation_ = generation;
+  acked_version_ = 0;
+  exchange_failed_ = false;
+  ++rejoins_;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<tiering::Placement> TieredSequence::LocalTarget(

@@ -14,6 +14,7 @@
 #include "core/tiering/config.h"
 #include "core/tiering/policy.h"
 #include "core/tiering/scores.h"
+#include "kvtier/v1/kvtier.pb.h"
 #include "worker/attention_cache.h"
 #include "worker/tiered_kv_store.h"
 
@@ -68,9 +69,13 @@ class TieredSequence final : public AttentionCache {
   SequenceReport Report() const;
   const TieredKvStore& store() const { return *store_; }
   const tiering::ScoreAccumulator& scores() const { return scores_; }
-  // False once the daemon that granted this sequence's slots is gone (restart, lease lost):
-  // the sequence then plans locally, makes no new offloads and keeps what it holds.
+  // False while the daemon that granted this sequence's slots is gone (restart, lease lost):
+  // the sequence then plans locally, makes no new offloads and keeps what it holds, until it
+  // re-opens under the client's new session (its pooled pages promoted back to T0 first, so
+  // nothing is read from memory the old session held) and goes on tiering.
   bool daemon_backed() const { return client_ != nullptr && !orphaned_; }
+  // Times the sequence re-opened under a new session.
+  uint64_t rejoins() const { return rejoins_; }
 
  private:
   friend class WorkerRuntime;
@@ -80,6 +85,10 @@ class TieredSequence final : public AttentionCache {
   absl::Status EndForwardPass(uint32_t n);
   absl::Status RetierLocal(bool allow_offloads);
   absl::Status RetierWithDaemon();
+  // Re-opens the sequence under the client's current session: promotes every T1/T2 page to T0,
+  // moves the store to the new session's pools and opens a new daemon sequence. On failure the
+  // sequence stays orphaned (and tries again at a later re-tiering).
+  absl::Status Rejoin();
   absl::StatusOr<tiering::Placement> LocalTarget(const std::vector<float>& page_scores,
                                                  bool allow_offloads);
   void Account();
@@ -98,6 +107,8 @@ class TieredSequence final : public AttentionCache {
   // Daemon mode.
   WorkerClient* client_ = nullptr;
   uint64_t sequence_id_ = 0;
+  v1::PolicyConfig wire_policy_;  // what OpenSequence sent, for a re-open
+  uint64_t rejoins_ = 0;
   uint64_t generation_ = 0;
   uint64_t acked_version_ = 0;
   bool exchange_failed_ = false;  // the last snapshot, plan or ack may not have arrived

@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
       new TieredSequence(seq_options, std::move(store), std::move(scores), std::move(policy)));
   seq->client_ = client_.get();
   seq->sequence_id_ = id;
+  seq->wire_policy_ = wire;
   seq->generation_ = generation;
   seq->ddr_mapping_ = std::move(ddr);
   seq->compressed_mapping_ = std::move(compressed);

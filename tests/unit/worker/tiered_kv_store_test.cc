@@ -167,6 +167,34 @@ TEST(TieredKvStoreTest, CompressedPagesStayCloseToFullPrecision) {
   }
 }
 
+// A sequence re-opening under a new daemon session moves to new pools: only once no page lives
+// in the old ones, and the pages it promoted home read exactly as before.
+TEST(TieredKvStoreTest, RebindPoolsOnlyWhenNoPageLivesInTheOldOnes) {
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.geometry.num_layers = 2;
+  o.num_q_heads = 3;
+  testing::Rig rig;
+  auto store = rig.MakeStore(o);
+  std::mt19937 rng(5);
+  ASSERT_NO_FATAL_FAILURE(testing::AppendRandom(rng, *store, 64));
+  const uint64_t page_floats = DdrSlotBytes(o.geometry, 0) / 4;
+  std::vector<float> before(page_floats), after(page_floats);
+  ASSERT_TRUE(store->ReadPage(0, 1, before.data()).ok());
+  ASSERT_TRUE(store->ApplyPlanLocal({{0, 1, Tier::kT0, Tier::kT1}}, *rig.slots).ok());
+  testing::Rig other;
+  absl::Status busy = store->RebindPools(other.ddr.get(), other.compressed.get());
+  EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(busy.message().find("1 pages in T1"), absl::string_view::npos) << busy;
+  ASSERT_TRUE(store->ApplyPlan({{0, 1, Tier::kT1, Tier::kT0}}, {SlotAssignment{}}).ok());
+  ASSERT_TRUE(store->RebindPools(other.ddr.get(), other.compressed.get()).ok());
+  ASSERT_TRUE(store->ReadPage(0, 1, after.data()).ok());
+  EXPECT_EQ(before, after);
+  // The new pools serve the next offload.
+  ASSERT_TRUE(store->ApplyPlanLocal({{0, 2, Tier::kT0, Tier::kT1}}, *other.slots).ok());
+  EXPECT_EQ(store->TierOf(0, 2), Tier::kT1);
+}
+
 TEST(TieredKvStoreTest, StagingDequantizesEachT2PageLayerOnce) {
   TieredKvStoreOptions o;
   o.geometry = SmolLmGeometry(16);
@@ -211,7 +239,7 @@ TEST(TieredKvStoreTest, StagingCapBoundsKeptPages) {
 }
 
 TEST(TieredKvStoreTest, EvictedPagesGetNoMassAndTheRestStillSumsToOne) {
-  Rig rig;
+  testing::Rig rig;
   TieredKvStoreOptions o;
   o.geometry = SmolLmGeometry(8);
   o.geometry.num_layers = 1;
@@ -235,7 +263,7 @@ TEST(TieredKvStoreTest, EvictedPagesGetNoMassAndTheRestStillSumsToOne) {
 }
 
 TEST(TieredKvStoreTest, KeepMaskSkipsPositionsPerHead) {
-  Rig rig;
+  testing::Rig rig;
   TieredKvStoreOptions o;
   o.geometry = SmolLmGeometry(16);
   o.geometry.num_layers = 2;
@@ -259,7 +287,7 @@ TEST(TieredKvStoreTest, KeepMaskSkipsPositionsPerHead) {
 }
 
 TEST(TieredKvStoreTest, SetKeepNeedsTheOption) {
-  Rig rig;
+  testing::Rig rig;
   TieredKvStoreOptions o;
   o.geometry = SmolLmGeometry(16);
   o.num_q_heads = 9;
@@ -270,7 +298,7 @@ TEST(TieredKvStoreTest, SetKeepNeedsTheOption) {
 }
 
 TEST(TieredKvStoreTest, AppendIntoT2PageIsRejectedAndStoresNothing) {
-  Rig rig;
+  testing::Rig rig;
   TieredKvStoreOptions o;
   o.geometry = SmolLmGeometry(4);
   o.geometry.num_layers = 1;
@@ -308,7 +336,7 @@ TEST(TieredKvStoreTest, AppendFailsCleanlyWhenTheArenaIsFull) {
 }
 
 TEST(TieredKvStoreTest, CreateRejectsBadOptionsNamingTheField) {
-  Rig rig;
+  testing::Rig rig;
   TieredKvStoreOptions o;
   o.geometry = SmolLmGeometry(16);
   o.num_q_heads = 9;
@@ -330,7 +358,7 @@ TEST(TieredKvStoreTest, CreateRejectsBadOptionsNamingTheField) {
 }
 
 TEST(TieredKvStoreTest, AttendRejectsBadArguments) {
-  Rig rig;
+  testing::Rig rig;
   TieredKvStoreOptions o;
   o.geometry = SmolLmGeometry(16);
   o.num_q_heads = 9;
