@@ -352,6 +352,31 @@ TEST(SecurityTest, APeerOutsideTheAllowedSetIsRefusedNamingTheRule) {
   EXPECT_TRUE(SimWorker::Connect(Sim("unix:" + sock, 6)).ok());
 }
 
+TEST(SecurityTest, KvtierctlListsWorkersForOperatorsAndNodeTotalsForOthers) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to run kvtierctl as another user";
+  const std::string sock = SharedSocket("ctl");
+  auto daemon = DaemonProcess::Start({.socket_path = sock});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  Child child = ForkAs(kNobody, [&](int go, FILE* report) {
+    ReadLine(go);  // wait until the worker exists
+    RunResult r = RunProgram({BuiltProgram("kvtierctl"), "--socket", sock, "workers"});
+    std::fprintf(report, "%s", r.output.c_str());
+    return r.exit_code;
+  });
+  auto w = SimWorker::Connect(Sim("unix:" + sock, 8));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string id = std::to_string((*w)->client().worker_id());
+  RunResult op = RunProgram({BuiltProgram("kvtierctl"), "--socket", sock, "workers"});
+  EXPECT_EQ(op.exit_code, 0) << op.output;
+  EXPECT_NE(op.output.find(id), std::string::npos) << op.output;
+  ASSERT_EQ(write(child.go_write, "go\n", 3), 3);
+  std::string other;
+  EXPECT_EQ(Wait(child, &other), 0) << other;
+  EXPECT_EQ(other.find(id), std::string::npos) << other;
+  EXPECT_NE(other.find("node totals only"), std::string::npos) << other;
+  EXPECT_NE(other.find("uid 65534 is not in security.operator_uids"), std::string::npos) << other;
+}
+
 // A tmpfs that cannot hold the budgets: a clear error at start; one that fills up later:
 // degraded plans, no crash. Needs a private mount namespace (root).
 TEST(SecurityTest, ATmpfsTooSmallIsAClearErrorAtStartAndDegradedPlansLater) {
