@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "tests/integration/support/daemon_process.h"
+#include "tests/support/lossless_runtime.h"
 #include "tests/support/synthetic_engine.h"
 #include "worker/runtime/worker_runtime.h"
 
@@ -32,19 +33,8 @@ using kvtier::testing::SyntheticEngine;
 constexpr int kSteps = 1000;
 constexpr absl::Duration kPace = absl::Milliseconds(3);  // ~3 s of decoding
 
-AttentionShape Shape() {
-  return {.num_layers = 4, .num_q_heads = 6, .num_kv_heads = 2, .head_dim = 32, .scale = 0};
-}
-
-SequenceOptions Lossless(double beta) {
-  SequenceOptions o;
-  o.policy = beta >= 1 ? "full" : "hierarchy";
-  o.prompt_tokens = 24;
-  o.tiering.window_tokens = 32;
-  o.tiering.retier_interval = 16;
-  o.tiering.budgets = {.evict_ratio = 0, .hbm_ratio = beta, .compress_ratio = 0};
-  return o;
-}
+AttentionShape Shape() { return kvtier::testing::SmallShape(); }
+using kvtier::testing::Lossless;
 
 // What one worker process saw.
 struct Outcome {
