@@ -37,6 +37,8 @@ constexpr uint64_t kMaxPromptTokens = 1ull << 32;
 constexpr uint64_t kMaxSlotSlack = 2;
 constexpr absl::Duration kTicketTtl = absl::Seconds(30);
 constexpr size_t kMaxTickets = 4096;
+// Outstanding tickets one uid may hold, so no user can spend the others' share.
+constexpr size_t kMaxTicketsPerUid = 64;
 constexpr uint32_t kExtentsPerReply = edge::kMaxFdsPerMessage - 1;  // the header rides first
 
 uint64_t Ms(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
@@ -302,6 +304,13 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::HelloLocked(const edge::PeerCre
   if (tickets_.size() >= kMaxTickets) {
     return absl::ResourceExhaustedError(
         absl::StrCat(tickets_.size(), " channel tickets outstanding; try again shortly"));
+  }
+  const size_t mine = std::count_if(tickets_.begin(), tickets_.end(),
+                                    [&](const auto& kv) { return kv.second.peer.uid == peer.uid; });
+  if (mine >= kMaxTicketsPerUid) {
+    return absl::ResourceExhaustedError(absl::StrCat("uid ", peer.uid, " holds ", mine,
+                                                     " unspent channel tickets; they expire in ",
+                                                     Ms(kTicketTtl) / 1000, " s"));
   }
   ASSIGN_OR_RETURN(std::string ticket, edge::NewSecret());
   const bool operator_view = peer.uid == daemon_uid_ || Contains(sec.operator_uids, peer.uid);
@@ -604,6 +613,7 @@ v1::GetStatusResponse DaemonCoreImpl::StatusLocked(const v1::GetStatusRequest& r
       ws->set_worker_id(id);
       ws->set_worker_name(w.name);
       ws->set_pid(w.pid);
+      ws->set_uid(w.peer.uid);
       ws->set_model_name(w.model_name);
       ws->set_sequences(static_cast<uint32_t>(w.sequences.size()));
       ws->set_ddr_bytes(w.pool_bytes[0]);

@@ -60,11 +60,12 @@ std::string PoolsTable(const v1::GetStatusResponse& s) {
 }
 
 std::string WorkersTable(const v1::GetStatusResponse& s) {
-  Table t({"ID", "NAME", "PID", "MODEL", "SEQS", "DDR", "COMPRESSED", "LEASE LEFT"});
+  Table t({"ID", "NAME", "PID", "UID", "MODEL", "SEQS", "DDR", "COMPRESSED", "LEASE LEFT"});
   for (const auto& w : s.worker_list()) {
-    t.AddRow({absl::StrCat(w.worker_id()), w.worker_name(), absl::StrCat(w.pid()), w.model_name(),
-              absl::StrCat(w.sequences()), HumanBytes(w.ddr_bytes()),
-              HumanBytes(w.compressed_bytes()), HumanDuration(w.lease_remaining_ms())});
+    t.AddRow({absl::StrCat(w.worker_id()), w.worker_name(), absl::StrCat(w.pid()),
+              absl::StrCat(w.uid()), w.model_name(), absl::StrCat(w.sequences()),
+              HumanBytes(w.ddr_bytes()), HumanBytes(w.compressed_bytes()),
+              HumanDuration(w.lease_remaining_ms())});
   }
   return t.Render();
 }

@@ -31,12 +31,16 @@ ChannelServer::ChannelServer(edge::UniqueFd listener, DaemonCore* core, LogFn lo
     wake_read_.Reset(fds[0]);
     wake_write_.Reset(fds[1]);
   }
-  thread_ = std::thread([this] { Loop(); });
+  // The listener is non-blocking: threads woken together race for a connection, and the
+  // losers go back to poll() instead of blocking in accept().
+  fcntl(listener_.get(), F_SETFL, fcntl(listener_.get(), F_GETFL) | O_NONBLOCK);
+  for (int i = 0; i < kThreads; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
 ChannelServer::~ChannelServer() {
+  // The pipe stays readable once written, so it wakes every thread.
   if (wake_write_.valid()) (void)!write(wake_write_.get(), "x", 1);
-  thread_.join();
+  for (std::thread& t : threads_) t.join();
 }
 
 void ChannelServer::Loop() {

@@ -1,27 +1,29 @@
 #ifndef KVTIER_DAEMON_KVTIERD_CHANNEL_SERVER_H_
 #define KVTIER_DAEMON_KVTIERD_CHANNEL_SERVER_H_
 
-// kvtierd's memory channel (edge/memory_channel.h): accepts one connection at a time, reads the
-// caller's credentials from the kernel, answers one request (a hello, or a worker's extents as
-// descriptors) and closes. A caller that sends nothing is dropped after a short timeout, so it
-// cannot hold the channel.
+// kvtierd's memory channel (edge/memory_channel.h): a few threads accept connections, read the
+// caller's credentials from the kernel, answer one request each (a hello, or a worker's extents
+// as descriptors) and close. A caller that sends nothing is dropped after a short timeout and
+// holds one thread at most, so a stuck or hostile client cannot close the channel to others.
 
 #include <atomic>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/daemon_core.h"
 #include "edge/memory_channel.h"
 
 namespace kvtier::daemon {
 
-// One owner: the constructor starts the thread, the destructor stops and joins it.
+// One owner: the constructor starts the threads, the destructor stops and joins them.
 // Thread-safe: the core is.
 class ChannelServer {
  public:
   using LogFn = std::function<void(const std::string&)>;
   // `listener` is a listening SOCK_SEQPACKET socket; `core` must outlive this.
+  static constexpr int kThreads = 4;
   ChannelServer(edge::UniqueFd listener, DaemonCore* core, LogFn log_debug);
   ~ChannelServer();
   ChannelServer(const ChannelServer&) = delete;
@@ -35,7 +37,7 @@ class ChannelServer {
   DaemonCore* const core_;
   const LogFn log_debug_;
   edge::UniqueFd wake_read_, wake_write_;  // a pipe that interrupts poll() at shutdown
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace kvtier::daemon

@@ -7,14 +7,18 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -23,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "edge/memory_channel.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
@@ -330,6 +335,27 @@ TEST(SecurityTest, TheSealedHeaderCannotBeWrittenByTheWorkerItBelongsTo) {
   auto past = edge::ChannelCall((*daemon)->socket_path() + ".mem", fetch, nullptr);
   EXPECT_NE(past.status().message().find("first_extent"), absl::string_view::npos);
   EXPECT_TRUE(ChannelHello(o.address).ok());
+}
+
+TEST(SecurityTest, AClientThatConnectsAndSaysNothingHoldsUpNobody) {
+  auto daemon = DaemonProcess::Start({});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = (*daemon)->socket_path() + ".mem";
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  edge::UniqueFd stuck(socket(AF_UNIX, SOCK_SEQPACKET, 0));
+  ASSERT_EQ(connect(stuck.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  absl::SleepFor(absl::Milliseconds(50));  // a serving thread now waits on it
+  for (int i = 0; i < 3; ++i) {
+    auto hello = ChannelHello((*daemon)->address());
+    ASSERT_TRUE(hello.ok()) << hello.status();
+  }
+  // Served while the silent client still holds its connection (no reply to it yet).
+  pollfd p{stuck.get(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 0) << "the hellos waited for the silent client to time out";
+  // It is dropped with an error after the channel's timeout.
+  EXPECT_EQ(poll(&p, 1, 2000), 1);
 }
 
 TEST(SecurityTest, APeerOutsideTheAllowedSetIsRefusedNamingTheRule) {

@@ -130,6 +130,24 @@ TEST(SessionTest, TicketsAreSingleUseShortLivedAndUnguessable) {
   EXPECT_NE(first->session_secret(), second->session_secret());
 }
 
+TEST(SessionTest, OneUidCannotHoardTheTickets) {
+  Env env;
+  const edge::PeerCredentials greedy{1234, 0, 1, {}};
+  int granted = 0;
+  absl::Status last;
+  for (int i = 0; i < 100; ++i) {
+    auto t = env.core->Hello(greedy);
+    granted += t.ok();
+    if (!t.ok()) last = t.status();
+  }
+  EXPECT_EQ(granted, 64);
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(last.message().find("uid 1234"), absl::string_view::npos) << last;
+  EXPECT_TRUE(env.core->Hello(testing::SelfPeer()).ok());  // others still get theirs
+  env.clock.Advance(absl::Seconds(31));
+  EXPECT_TRUE(env.core->Hello(greedy).ok());  // expired ones stop counting
+}
+
 TEST(SessionTest, PeersOutsideTheAllowedSetAreRefusedByNameOfTheRule) {
   CoreOptions o = SmallOptions();
   o.security.allow_uids = {4242};
@@ -179,6 +197,8 @@ TEST(SessionTest, StatusListsOnlyWhatTheCallerMaySee) {
   EXPECT_EQ(own->view(), "own");
   ASSERT_EQ(own->worker_list_size(), 1);
   EXPECT_EQ(own->worker_list(0).worker_id(), a.id());
+  EXPECT_EQ(own->worker_list(0).uid(), getuid());  // the kernel's word
+  EXPECT_EQ(own->worker_list(0).pid(), getpid());
   ASSERT_EQ(own->sequence_list_size(), 1);
   EXPECT_EQ(own->sequence_list(0).worker_id(), a.id());
   v1::GetStatusRequest forged = a.Signed(r);
