@@ -68,6 +68,10 @@ struct PendingPlan {
   uint64_t version = 0;
   std::vector<PendingMove> moves;
   PlacementFigures figures;  // of the target
+  // What was sent, and a fingerprint of the snapshot it answered: the same snapshot again (its
+  // reply was lost) gets the same plan, not a refusal.
+  v1::TierPlan sent;
+  uint64_t snapshot_fingerprint = 0;
 };
 
 // Pages a plan could not place as the policy wanted, by Metrics::DegradeReason.

@@ -93,6 +93,20 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
   return absl::OkStatus();
 }
 
+// FNV-1a over what decides a plan: length, the acknowledged version, tiers and scores.
+uint64_t Fingerprint(const v1::SubmitSnapshotRequest& r) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  const uint64_t fixed[] = {r.length(), r.num_pages(), r.last_plan_version(), r.decode_step()};
+  mix(fixed, sizeof(fixed));
+  mix(r.current_tiers().data(), r.current_tiers().size());
+  mix(r.page_scores().data(), sizeof(float) * r.page_scores_size());
+  return h;
+}
+
 uint64_t MoveBytes(const WorkerRec& w, const tiering::Move& m) {
   switch (m.to) {
     case Tier::kT0:
@@ -236,6 +250,11 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
         AcknowledgeLocked(*w, *s, r.applied_plan_version(), true, "applied_plan_version"));
     UpdateGaugesLocked();  // the freed sources show even if the snapshot is refused below
   }
+  const uint64_t fingerprint = Fingerprint(r);
+  if (!r.abandon_pending() && s->pending.has_value() &&
+      s->pending->snapshot_fingerprint == fingerprint) {
+    return s->pending->sent;  // the same snapshot again: its reply was lost
+  }
   if (r.abandon_pending() && s->pending.has_value()) {
     // The worker never saw this plan (its reply was lost): refused, so its destinations return.
     RETURN_IF_ERROR(AcknowledgeLocked(*w, *s, s->pending->version, false, "abandon_pending"));
@@ -305,6 +324,17 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnap
   if (decision.protected_overflow && metrics_ != nullptr) metrics_->CountProtectedOverflow();
   pending.figures = ComputeFigures(w->geometry, target, s->prompt_tokens, s->length);
   pending.figures.ToProto(plan.mutable_report());
+  // Never record a plan that could not be sent.
+  const uint64_t plan_bytes = plan.ByteSizeLong();
+  if (plan_bytes > edge::MaxPlanBytes(options_.max_snapshot_entries)) {
+    for (PendingMove& m : pending.moves) ReleaseLocked(*w, m.dst);
+    UpdateGaugesLocked();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("plan of ", plan_bytes, " bytes exceeds the message limit (",
+                     edge::MaxPlanBytes(options_.max_snapshot_entries), ")"));
+  }
+  pending.sent = plan;
+  pending.snapshot_fingerprint = fingerprint;
   s->pending = std::move(pending);
   ++s->next_version;
   UpdateGaugesLocked();

@@ -242,6 +242,49 @@ TEST(SessionTest, ASnapshotAbandonsThePlanALostReplyCarriedAndReplaysTheLastAck)
   EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
 }
 
+// Each message of a plan's round trip dropped in turn: nothing wedges, nothing is granted twice.
+TEST(SessionTest, DroppingAnyMessageOfAPlanNeverWedgesTheSequence) {
+  Env env;
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.2, 0, 0));
+  ASSERT_TRUE(seq.ok());
+  auto ddr_used = [&] { return testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(); };
+
+  // 1. The snapshot's reply is lost: the same snapshot again returns the same plan.
+  const v1::SubmitSnapshotRequest snap = w.MakeSnapshot(*seq, 800, RampScores(50));
+  auto lost = env.core->SubmitSnapshot(snap);
+  ASSERT_TRUE(lost.ok());
+  const uint64_t held = ddr_used();
+  auto again = env.core->SubmitSnapshot(snap);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), lost->SerializeAsString());
+  EXPECT_EQ(ddr_used(), held);  // granted once
+
+  // 2. The ack's reply is lost: the replay succeeds and changes nothing.
+  ASSERT_TRUE(w.Ack(*again, true).ok());
+  const uint64_t committed = ddr_used();
+  ASSERT_TRUE(w.Ack(*again, true).ok());
+  EXPECT_EQ(ddr_used(), committed);
+
+  // 3. The ack itself is lost: the next snapshot carries it.
+  auto next = w.Snapshot(*seq, 1200, RampScores(75, 2));
+  ASSERT_TRUE(next.ok());
+  w.Apply(*next);  // applied, but the AckPlan never arrives
+  v1::SubmitSnapshotRequest carried = w.MakeSnapshot(*seq, 1216, RampScores(76, 2));
+  carried.set_applied_plan_version(next->plan_version());
+  auto after = env.core->SubmitSnapshot(carried);
+  ASSERT_TRUE(after.ok()) << after.status();
+
+  // 4. The worker gives the plan in flight up (it never saw it): abandon_pending.
+  v1::SubmitSnapshotRequest give_up = w.MakeSnapshot(*seq, 1232, RampScores(77, 2));
+  give_up.set_abandon_pending(true);
+  auto fresh = env.core->SubmitSnapshot(give_up);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_GT(fresh->plan_version(), after->plan_version());
+  ASSERT_TRUE(w.Ack(*fresh, true).ok());
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
 TEST(SessionTest, PagesTheWorkerEvictedWhileAwayAreAdoptedAndTheirSlotsFreed) {
   Env env;
   SimWorker w(env.core.get());
