@@ -140,6 +140,46 @@ class Reaper {
   std::thread thread_;
 };
 
+// Tells systemd the daemon is alive (WATCHDOG=1) only while the core answers: each ping follows
+// a status request through the core's lock, so a wedged core stops the pings and systemd
+// restarts the daemon (WatchdogSec= in deploy/kvtierd.service). No thread without a watchdog.
+class Watchdog {
+ public:
+  explicit Watchdog(DaemonCore* core) : core_(core) {
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return;
+    period_ = std::chrono::microseconds(usec / 4);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool enabled() const { return thread_.joinable(); }
+  std::chrono::microseconds period() const { return period_; }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
+      lock.unlock();
+      if (core_->GetStatus(v1::GetStatusRequest()).ok()) sd_notify(0, "WATCHDOG=1");
+      lock.lock();
+    }
+  }
+
+  DaemonCore* const core_;
+  std::chrono::microseconds period_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // Applies what a SIGHUP can change (log level, [limits], [leases]) from `fresh` to `running` and
 // the core, and names every changed setting that needs a restart instead.
 void ReloadOnSighup(DaemonConfig& running, const DaemonConfig& fresh, DaemonCore* core,
@@ -239,6 +279,11 @@ int Serve(const Flags& flags, DaemonConfig config) {
                         tcp_port ? absl::StrCat(" and ", config.server.tcp_address) : "",
                         "; memory channel ", channel_path));
   auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);
+  auto watchdog = std::make_unique<Watchdog>(core->get());
+  if (watchdog->enabled()) {
+    log.Info(absl::StrCat("systemd watchdog: a ping every ", watchdog->period().count() / 1000,
+                          " ms while the core answers"));
+  }
   sd_notify(0, "READY=1\nSTATUS=serving");
 
   sigset_t signals;
@@ -264,6 +309,7 @@ int Serve(const Flags& flags, DaemonConfig config) {
   }
   sd_notify(0, "STOPPING=1");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  watchdog.reset();
   reaper.reset();
   channel_server.reset();
   unlink(channel_path.c_str());

@@ -6,7 +6,8 @@
 # the READY=1 handshake (Type=notify), RuntimeDirectory and socket ownership, a worker in group
 # kvtier can use the daemon and a stranger cannot, no named pool memory in the shared /dev/shm,
 # metrics on loopback through the IP firewall, the sandbox as the kernel sees it, `systemctl
-# reload` (SIGHUP), Restart=on-failure after kill -9, and a clean stop.
+# reload` (SIGHUP), Restart=on-failure after kill -9, the watchdog restarting a wedged daemon,
+# and a clean stop.
 #
 # Runs only where it cannot disturb a host: as root, with no systemd already running as PID 1
 # (a container or CI VM), and with namespaces and overlayfs available; otherwise exit 77.
@@ -66,6 +67,9 @@ ExecStart=
 ExecStart=/usr/local/bin/kvtierd --config /etc/kvtier/kvtierd.toml
 StandardOutput=append:$tmp/kvtierd.log
 StandardError=inherit
+# A short watchdog, so the wedge check below takes seconds (the shipped unit: 10 s, SIGABRT).
+WatchdogSec=2s
+WatchdogSignal=SIGKILL
 CONF
 printf '[Unit]\nDefaultDependencies=no\nWants=kvtierd.service\n' >/etc/systemd/system/kvtier-test.target
 for u in systemd-udevd.service systemd-udev-trigger.service systemd-udevd-control.socket \\
@@ -184,6 +188,18 @@ if [ "$(prop NRestarts)" != 1 ] || [ "$(prop ActiveState)" != active ]; then
   fail "no restart after kill -9 (NRestarts=$(prop NRestarts), $(prop ActiveState))"
 fi
 [ "$(prop MainPID)" != "$pid" ] || fail "same MainPID after a crash"
+grep -q 'systemd watchdog: a ping every' "$tmp/kvtierd.log" || fail "the watchdog was not armed"
+# A wedged daemon (stopped: it answers nothing) misses its watchdog pings and is restarted.
+pid=$(prop MainPID)
+ns kill -STOP "$pid"
+for _ in $(seq 100); do
+  [ "$(prop NRestarts)" = 2 ] && [ "$(prop StatusText)" = serving ] && break
+  sleep 0.1
+done
+if [ "$(prop NRestarts)" != 2 ] || [ "$(prop ActiveState)" != active ]; then
+  fail "a wedged daemon was not restarted by the watchdog (NRestarts=$(prop NRestarts))"
+fi
+[ "$(prop MainPID)" != "$pid" ] || fail "same MainPID after the watchdog fired"
 count_pools() { { compgen -G "/dev/shm/$prefix*" || true; } | wc -l; }
 [ "$(count_pools)" -eq 0 ] || fail "a killed daemon left named memory in /dev/shm"
 ns systemctl stop kvtierd
