@@ -43,7 +43,10 @@ TieredSequence::TieredSequence(SequenceOptions options, std::unique_ptr<TieredKv
   report_.prompt_tokens = options_.prompt_tokens;
 }
 
-TieredSequence::~TieredSequence() { ReleaseHeldSlots(); }
+TieredSequence::~TieredSequence() {
+  lane_.reset();  // its queued acks run first
+  ReleaseHeldSlots();
+}
 
 void TieredSequence::ReleaseHeldSlots() {
   if (client_ != nullptr) {
@@ -95,8 +98,12 @@ absl::Status TieredSequence::EndForwardPass(uint32_t n) {
     RETURN_IF_ERROR(scores_.AddStep(attention, length, tiering::AttentionLayout::kHeadSummed));
     ++step_;
   }
-  absl::Status s = absl::OkStatus();
-  if (tiering::IsRetierStep(options_.tiering, step_)) s = Retier();
+  // Daemon mode: a plan that arrived since the last pass is applied at this step boundary, and a
+  // re-tiering step only queues its snapshot (DaemonLane). Local mode plans in place.
+  absl::Status s = lane_ != nullptr ? CollectPlan() : absl::OkStatus();
+  if (s.ok() && tiering::IsRetierStep(options_.tiering, step_)) {
+    s = lane_ != nullptr ? StartRetier() : Retier();
+  }
   Account();
   return s;
 }
@@ -194,7 +201,7 @@ absl::Status TieredSequence::RetierLocal(bool allow_offloads) {
   return scores_.FreezeEvicted(target, store_->geometry().page_tokens);
 }
 
-absl::Status TieredSequence::RetierWithDaemon() {
+absl::StatusOr<v1::SubmitSnapshotRequest> TieredSequence::BuildSnapshot() {
   const layout::KvGeometry& g = store_->geometry();
   ASSIGN_OR_RETURN(std::vector<float> page_scores,
                    scores_.AllPageScores(g.page_tokens, options_.tiering.page_score));
@@ -205,22 +212,44 @@ absl::Status TieredSequence::RetierWithDaemon() {
   snapshot.set_decode_step(step_);
   snapshot.set_num_pages(current.num_pages);
   snapshot.set_last_plan_version(acked_version_);
-  // After a lost exchange: the ack of the last plan applied may not have arrived (replaying it
-  // is harmless), and a plan the daemon made for a lost snapshot never reached us.
-  if (exchange_failed_) {
+  // The ack of the last plan applied may not have arrived (a lost exchange, or one still queued
+  // or failed in the background): carry it, replaying is harmless. After a lost exchange a plan
+  // the daemon made for a lost snapshot never reached us: abandon it.
+  if (exchange_failed_ || (lane_ != nullptr && !lane_->acks_confirmed())) {
     snapshot.set_applied_plan_version(acked_version_);
-    snapshot.set_abandon_pending(true);
   }
+  if (exchange_failed_) snapshot.set_abandon_pending(true);
   snapshot.mutable_page_scores()->Assign(page_scores.begin(), page_scores.end());
   std::string tiers(current.tiers.size(), '\0');
   for (size_t i = 0; i < tiers.size(); ++i) tiers[i] = static_cast<char>(current.tiers[i]);
   snapshot.set_current_tiers(std::move(tiers));
-  ASSIGN_OR_RETURN(v1::TierPlan plan, client_->SubmitSnapshot(std::move(snapshot)));
+  return snapshot;
+}
 
+absl::Status TieredSequence::RetierWithDaemon() {
+  if (lane_ != nullptr) {
+    // Whatever the lane still carries goes first; a plan it brought is applied (or dropped).
+    lane_->Drain();
+    RETURN_IF_ERROR(CollectPlan());
+  }
+  ASSIGN_OR_RETURN(v1::SubmitSnapshotRequest snapshot, BuildSnapshot());
+  ASSIGN_OR_RETURN(v1::TierPlan plan, client_->SubmitSnapshot(std::move(snapshot)));
+  return ApplyDaemonPlan(plan, /*background_ack=*/false);
+}
+
+absl::Status TieredSequence::ApplyDaemonPlan(const v1::TierPlan& plan, bool background_ack) {
+  const layout::KvGeometry& g = store_->geometry();
+  auto ack = [&](bool applied, const std::string& error) -> absl::Status {
+    if (background_ack) {
+      lane_->Ack(sequence_id_, plan.plan_version(), applied, error);
+      return absl::OkStatus();
+    }
+    return client_->AckPlan(sequence_id_, plan.plan_version(), applied, error);
+  };
   const int n = plan.move_page_size();
   if (plan.move_group_size() != n || static_cast<int>(plan.move_from().size()) != n ||
       static_cast<int>(plan.move_to().size()) != n || plan.move_dst_slot_size() != n) {
-    (void)client_->AckPlan(sequence_id_, plan.plan_version(), false, "plan arrays differ");
+    (void)ack(false, "plan arrays differ");
     return absl::InvalidArgumentError(
         absl::StrCat("plan ", plan.plan_version(), ": move arrays have different lengths"));
   }
@@ -232,21 +261,54 @@ absl::Status TieredSequence::RetierWithDaemon() {
     slots[i].dst_offset = plan.move_dst_slot(i);
   }
   absl::Status applied = store_->ApplyPlan(moves, slots);
-  absl::Status acked = client_->AckPlan(sequence_id_, plan.plan_version(), applied.ok(),
-                                        std::string(applied.message()));
+  absl::Status acked = ack(applied.ok(), std::string(applied.message()));
   if (!applied.ok()) return applied;
   // Applied: the store is in the plan's placement whether or not the ack arrived. A lost ack is
-  // carried by the next snapshot (exchange_failed_), so the plan counts as done here.
+  // carried by the next snapshot, so the plan counts as done here.
   acked_version_ = plan.plan_version();
   exchange_failed_ = !acked.ok();
   ++report_.plans;
   report_.degraded_plans += plan.degraded();
-  if (exchange_failed_) {
-    RETURN_IF_ERROR(scores_.FreezeEvicted(store_->placement(), g.page_tokens));
-    return acked;
-  }
   report_.protected_overflow_plans += plan.protected_overflow();
-  return scores_.FreezeEvicted(store_->placement(), g.page_tokens);
+  RETURN_IF_ERROR(scores_.FreezeEvicted(store_->placement(), g.page_tokens));
+  return acked;
+}
+
+absl::Status TieredSequence::StartRetier() {
+  ScopedTimer timer(&report_.tier_nanos);
+  if (!orphaned_ && client_->generation() != generation_) orphaned_ = true;
+  if (orphaned_ && !lane_->snapshot_in_flight() && client_->connected() &&
+      client_->generation() != generation_) {
+    lane_->Drain();  // acks of the old session go first (they fail: it is gone)
+    if (Rejoin().ok()) orphaned_ = false;
+  }
+  if (orphaned_) {
+    ++report_.degraded_plans;
+    return RetierLocal(/*allow_offloads=*/false);
+  }
+  // The previous snapshot is still out (a slow or stalled daemon): tiering waits, tokens don't.
+  if (lane_->snapshot_in_flight()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(v1::SubmitSnapshotRequest snapshot, BuildSnapshot());
+  submitted_generation_ = generation_;
+  lane_->Submit(std::move(snapshot));
+  return absl::OkStatus();
+}
+
+absl::Status TieredSequence::CollectPlan() {
+  std::optional<absl::StatusOr<v1::TierPlan>> answer = lane_->TakePlan();
+  if (!answer.has_value()) return absl::OkStatus();
+  ScopedTimer timer(&report_.tier_nanos);
+  // A plan of a session that is gone is void: its slots are in memory no longer ours.
+  if (orphaned_ || submitted_generation_ != generation_) return absl::OkStatus();
+  absl::Status s =
+      answer->ok() ? ApplyDaemonPlan(**answer, /*background_ack=*/true) : answer->status();
+  exchange_failed_ = !s.ok();
+  if (s.ok()) return s;
+  // The daemon did not answer in time, said no, or sent a plan we could not apply: no new
+  // offloads until it answers again.
+  if (client_->generation() != generation_) orphaned_ = true;
+  ++report_.degraded_plans;
+  return RetierLocal(/*allow_offloads=*/false);
 }
 
 void TieredSequence::Account() {

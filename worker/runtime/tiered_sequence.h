@@ -16,6 +16,7 @@
 #include "core/tiering/scores.h"
 #include "kvtier/v1/kvtier.pb.h"
 #include "worker/attention_cache.h"
+#include "worker/runtime/daemon_lane.h"
 #include "worker/tiered_kv_store.h"
 
 namespace kvtier {
@@ -85,6 +86,12 @@ class TieredSequence final : public AttentionCache {
   absl::Status EndForwardPass(uint32_t n);
   absl::Status RetierLocal(bool allow_offloads);
   absl::Status RetierWithDaemon();
+  absl::StatusOr<v1::SubmitSnapshotRequest> BuildSnapshot();
+  // Executes a daemon plan and acknowledges it (in the background, or now).
+  absl::Status ApplyDaemonPlan(const v1::TierPlan& plan, bool background_ack);
+  // Daemon mode, off the token path: queue a snapshot / apply the plan that came back.
+  absl::Status StartRetier();
+  absl::Status CollectPlan();
   // Re-opens the sequence under the client's current session: promotes every T1/T2 page to T0,
   // moves the store to the new session's pools and opens a new daemon sequence. On failure the
   // sequence stays orphaned (and tries again at a later re-tiering).
@@ -107,7 +114,9 @@ class TieredSequence final : public AttentionCache {
   // Daemon mode.
   WorkerClient* client_ = nullptr;
   uint64_t sequence_id_ = 0;
-  v1::PolicyConfig wire_policy_;  // what OpenSequence sent, for a re-open
+  v1::PolicyConfig wire_policy_;      // what OpenSequence sent, for a re-open
+  std::unique_ptr<DaemonLane> lane_;  // the daemon calls of the decode loop, in the background
+  uint64_t submitted_generation_ = 0;
   uint64_t rejoins_ = 0;
   uint64_t generation_ = 0;
   uint64_t acked_version_ = 0;

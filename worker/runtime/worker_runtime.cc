@@ -133,6 +133,7 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
   seq->client_ = client_.get();
   seq->sequence_id_ = id;
   seq->wire_policy_ = wire;
+  seq->lane_ = std::make_unique<DaemonLane>(client_.get());
   seq->generation_ = generation;
   seq->ddr_mapping_ = std::move(ddr);
   seq->compressed_mapping_ = std::move(compressed);
