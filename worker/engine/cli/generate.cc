@@ -1,5 +1,6 @@
 #include "worker/engine/cli/generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -92,6 +93,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& opt
 
   auto t1 = std::chrono::steady_clock::now();
   std::string printed;
+  std::vector<double> step_ms;
   result.stop_reason = "max_new_tokens";
   for (uint32_t i = 0; i < options.max_new_tokens; ++i) {
     const int32_t token = sampler.Sample(logits);
@@ -114,9 +116,17 @@ absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& opt
       break;
     }
     DecodeRequest request{.token = token, .cache = seq.get(), .logits = &logits};
+    const auto step_start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(model.Decode({&request, 1}));
+    step_ms.push_back(1e3 * Seconds(step_start));
   }
   result.decode_seconds = Seconds(t1);
+  if (!step_ms.empty()) {
+    std::sort(step_ms.begin(), step_ms.end());
+    result.step_p50_ms = step_ms[step_ms.size() / 2];
+    result.step_p99_ms = step_ms[step_ms.size() * 99 / 100];
+    result.step_max_ms = step_ms.back();
+  }
   result.text = tokenizer.Decode(result.tokens, /*render_special=*/false);
   if (on_text && result.text.size() > printed.size()) on_text(result.text.substr(printed.size()));
   result.report = seq->Report();
@@ -192,6 +202,9 @@ std::string ReportJson(const GenerateResult& r, const GenerateOptions& o) {
       {"prefill_seconds", r.prefill_seconds},
       {"decode_seconds", r.decode_seconds},
       {"decode_tokens_per_second", r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0},
+      {"decode_step_p50_ms", r.step_p50_ms},
+      {"decode_step_p99_ms", r.step_p99_ms},
+      {"decode_step_max_ms", r.step_max_ms},
       {"tier_seconds", s.tier_nanos / 1e9},
   };
   nlohmann::json out = {{"text", r.text}, {"tokens", r.tokens}, {"report", report}};

@@ -34,6 +34,9 @@ struct GenerateResult {
   uint64_t prompt_tokens = 0;
   worker::SequenceReport report;
   double prefill_seconds = 0, decode_seconds = 0;
+  // Decode step times, p50 / p99 / max over the generated tokens (the token path: a slow daemon
+  // must not show up here, DESIGN.md §6).
+  double step_p50_ms = 0, step_p99_ms = 0, step_max_ms = 0;
   bool daemon_backed = false;
   std::string stop_reason;  // "eos" | "max_new_tokens" | "context"
 };
