@@ -1,0 +1,255 @@
+// kvtier-chaos: faults at random moments against a real kvtierd and real worker processes, and
+// the figures that say whether anything leaked, hung or broke.
+//
+// Workers are SimWorker processes (two sequences each) that write a per-page pattern into every
+// slot a plan grants and check all of it after every plan: a slot shared, freed early or lost
+// shows up as a verification failure, which the worker reports by exiting with code 3. Faults:
+// worker kill -9 (respawned), daemon SIGSTOP past the RPC deadline, daemon kill -9 and restart.
+// Figures come from the daemon's /metrics (this process never speaks gRPC, so it can fork).
+//
+//   kvtier-chaos [--workers 6] [--kills 20] [--stalls 2] [--restarts 1] [--ttl-ms 1000]
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "tests/integration/support/daemon_process.h"
+#include "tests/integration/support/http_get.h"
+#include "tests/integration/support/sim_worker.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr int kCorrupted = 3;
+
+// The worker process: tiers two sequences until killed. Errors that mean "the daemon is away or
+// forgot us" start the sequences over; a verification failure exits kCorrupted.
+[[noreturn]] void WorkerMain(const std::string& address, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (;;) {
+    SimWorkerOptions o;
+    o.address = address;
+    o.seed = rng();
+    auto w = SimWorker::Connect(o);
+    if (!w.ok()) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    std::vector<int> seqs;
+    for (int i = 0; i < 2; ++i) {
+      if (auto s = (*w)->Open(); s.ok()) seqs.push_back(*s);
+    }
+    for (int round = 0; round < 200 && !seqs.empty(); ++round) {
+      const int i = seqs[rng() % seqs.size()];
+      absl::Status s = (*w)->Step(i, 32 + rng() % 64);
+      if (s.code() == absl::StatusCode::kInternal) {
+        std::fprintf(stderr, "worker %d: %s\n", getpid(), std::string(s.message()).c_str());
+        _exit(kCorrupted);
+      }
+      if (!s.ok()) break;  // start over with fresh sequences
+      absl::SleepFor(absl::Milliseconds(5 + rng() % 10));
+    }
+    for (int i : seqs) (void)(*w)->Close(i);
+  }
+}
+
+pid_t SpawnWorker(const std::string& address, uint64_t seed) {
+  pid_t pid = fork();
+  if (pid == 0) WorkerMain(address, seed);
+  return pid;
+}
+
+// One gauge or counter from the daemon's /metrics, summed over its label sets.
+double Metric(int port, const std::string& name) {
+  auto r = HttpGet(port, "/metrics", absl::Seconds(2));
+  if (!r.ok()) return -1;
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    if (!absl::StartsWith(line, name) || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+  }
+  return sum;
+}
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+}
+
+struct Options {
+  int workers = 6, kills = 20, stalls = 2, restarts = 1;
+  int ttl_ms = 1000;
+};
+
+int Run(const Options& o) {
+  const int port = *FreeLoopbackPort();
+  const std::string dir = "/tmp/kvtier-chaos-" + std::to_string(getpid());
+  std::string mk = "mkdir -p " + dir;
+  if (std::system(mk.c_str()) != 0) return 2;
+  const std::string sock = dir + "/kvtierd.sock";
+  DaemonProcess::Options d;
+  d.socket_path = sock;
+  d.metrics_address = absl::StrCat("127.0.0.1:", port);
+  d.config_text = absl::StrCat("[server]\nreap_interval_ms = 50\n[leases]\nttl_ms = ", o.ttl_ms,
+                               "\nheartbeat_ms = ", std::max(10, o.ttl_ms / 5), "\n");
+  auto daemon = DaemonProcess::Start(d);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "kvtier-chaos: %s\n", std::string(daemon.status().message()).c_str());
+    return 2;
+  }
+  std::mt19937_64 rng(20261201);
+  struct Worker {
+    bool killed = false;  // by us
+    absl::Time spawned;
+  };
+  std::map<pid_t, Worker> workers;
+  bool respawn = true;
+  auto spawn = [&] { workers[SpawnWorker("unix:" + sock, rng())] = {false, absl::Now()}; };
+  for (int i = 0; i < o.workers; ++i) spawn();
+  absl::SleepFor(absl::Seconds(1));
+
+  std::vector<double> reclaim_ms;
+  int crashes = 0, kills = 0, stalls = 0, restarts = 0, corrupted = 0;
+  auto reap_children = [&] {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      auto it = workers.find(pid);
+      if (it == workers.end()) continue;
+      const bool ours = it->second.killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      if (!ours) {
+        ++crashes;
+        corrupted += WIFEXITED(status) && WEXITSTATUS(status) == kCorrupted;
+        std::fprintf(stderr, "worker %d died on its own (status %d)\n", pid, status);
+      }
+      workers.erase(it);
+      if (respawn) spawn();
+    }
+  };
+  // The plan of faults, in random order.
+  std::vector<char> faults;
+  faults.insert(faults.end(), o.kills, 'k');
+  faults.insert(faults.end(), o.stalls, 's');
+  faults.insert(faults.end(), o.restarts, 'r');
+  std::shuffle(faults.begin(), faults.end(), rng);
+  for (char f : faults) {
+    absl::SleepFor(absl::Milliseconds(100 + rng() % 300));
+    reap_children();
+    if (f == 'k') {
+      // kill -9 one worker that has had time to register, mid-plan or not, and time until the
+      // daemon reaps its lease.
+      std::vector<pid_t> ready;
+      for (const auto& [pid, w] : workers) {
+        if (absl::Now() - w.spawned > absl::Milliseconds(700)) ready.push_back(pid);
+      }
+      if (ready.empty()) continue;
+      auto it = workers.find(ready[rng() % ready.size()]);
+      const double expired = Metric(port, "kvtier_lease_expirations_total");
+      it->second.killed = true;
+      kill(it->first, SIGKILL);
+      const absl::Time t0 = absl::Now();
+      ++kills;
+      while (absl::Now() - t0 < absl::Milliseconds(o.ttl_ms * 3)) {
+        if (Metric(port, "kvtier_lease_expirations_total") > expired) {
+          reclaim_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    } else if (f == 's') {
+      // Past the RPC deadline (200 ms), within the lease.
+      (void)(*daemon)->Signal(SIGSTOP);
+      absl::SleepFor(absl::Milliseconds(std::min(600, o.ttl_ms / 2)));
+      (void)(*daemon)->Signal(SIGCONT);
+      ++stalls;
+    } else {
+      (*daemon)->Stop(SIGKILL);
+      daemon = DaemonProcess::Start(d);
+      if (!daemon.ok()) {
+        std::fprintf(stderr, "restart failed: %s\n",
+                     std::string(daemon.status().message()).c_str());
+        return 2;
+      }
+      ++restarts;
+    }
+  }
+  absl::SleepFor(absl::Seconds(1));
+  reap_children();
+  const double plans = Metric(port, "kvtier_snapshots_total");
+  // Every worker gone: after TTL + 1 s nothing may be left.
+  respawn = false;
+  for (auto& [pid, w] : workers) {
+    w.killed = true;
+    kill(pid, SIGKILL);
+  }
+  absl::SleepFor(absl::Milliseconds(o.ttl_ms + 1000));
+  reap_children();
+  const double left_workers = Metric(port, "kvtier_registry_workers");
+  const double left_used = Metric(port, "kvtier_pool_used_bytes");
+  const double left_reserved = Metric(port, "kvtier_pool_reserved_bytes");
+  const double ttl1 = o.ttl_ms + 1000;
+  const double p99 = Percentile(reclaim_ms, 0.99);
+  const double max =
+      reclaim_ms.empty() ? 0 : *std::max_element(reclaim_ms.begin(), reclaim_ms.end());
+  const bool ok = left_workers == 0 && left_used == 0 && left_reserved == 0 && crashes == 0 &&
+                  max <= ttl1 && (kills == 0 || !reclaim_ms.empty());
+  std::printf(
+      "kvtier-chaos: %d workers, %d kills, %d daemon stalls, %d daemon restarts, lease %d ms\n",
+      o.workers, kills, stalls, restarts, o.ttl_ms);
+  std::printf("| check | figure | target |\n|---|---|---|\n");
+  std::printf("| workers, slots and extents left after TTL + 1 s | %.0f, %.0f B, %.0f B | 0 |\n",
+              left_workers, left_used, left_reserved);
+  std::printf(
+      "| reclaim after a kill -9: p50 / p99 / max | %.0f / %.0f / %.0f ms (measured for %zu of "
+      "%d kills; a worker killed while connecting has no lease to reap) | <= %.0f ms |\n",
+      Percentile(reclaim_ms, 0.5), p99, max, reclaim_ms.size(), kills, ttl1);
+  std::printf("| workers that died on their own | %d (%d with corrupted pages) | 0 |\n", crashes,
+              corrupted);
+  std::printf("| plans served | %.0f | > 0 |\n", plans);
+  std::printf("result: %s\n", ok ? "PASS" : "FAIL");
+  (*daemon)->Stop(SIGTERM);
+  while (waitpid(-1, nullptr, 0) > 0) {
+  }
+  return ok && plans > 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kvtier::testing
+
+int main(int argc, char** argv) {
+  kvtier::testing::Options o;
+  CLI::App app{"kvtier-chaos: random faults against a real kvtierd and worker processes"};
+  app.add_option("--workers", o.workers, "Worker processes")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--kills", o.kills, "Worker kill -9s")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_option("--stalls", o.stalls, "Daemon SIGSTOPs past the RPC deadline")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app.add_option("--restarts", o.restarts, "Daemon kill -9 and restart")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  app.add_option("--ttl-ms", o.ttl_ms, "Lease TTL")
+      ->check(CLI::Range(200, 60000))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return kvtier::testing::Run(o);
+}
