@@ -41,6 +41,9 @@ void ScoreGroup(const float* q, uint32_t heads, const float* const* rows, uint32
                 float* dots) {
   for (uint32_t g = 0; g < heads; ++g) ScoreRows(q + size_t{g} * hd, rows, hd, dots + 4 * g);
 }
+void Scale4(const float* src, float f, float* dst) {
+  for (int j = 0; j < 4; ++j) dst[j] = src[j] * f;
+}
 float MaxOf(const float* s, uint32_t n) {
   float m = -std::numeric_limits<float>::infinity();
   for (uint32_t i = 0; i < n; ++i) m = std::max(m, s[i]);
@@ -154,6 +157,10 @@ inline void ScoreRowsG(const float* q, const float* const* rows, uint32_t hd, fl
   }
 }
 
+inline void Scale4(const float* src, float f, float* dst) {
+  _mm_storeu_ps(dst, _mm_mul_ps(_mm_loadu_ps(src), _mm_set1_ps(f)));
+}
+
 // dots[4 * g + j] = q_g . rows[j] for the `heads` query heads at q (q + g * hd).
 void ScoreGroup(const float* q, uint32_t heads, const float* const* rows, uint32_t hd,
                 float* dots) {
@@ -260,8 +267,14 @@ struct ValueUnit {
   uint32_t kvh, g0, G, d, nv;
 };
 
+// 8-lane vectors of head_dim per unit for G query heads: G * nv accumulators + nv rows + a
+// broadcast weight fit in 16 ymm, and G * nv >= 8 independent FMA chains keep both FMA pipes
+// busy (each chain waits 4 cycles per position).
+constexpr uint32_t ValueChunk(uint32_t G) { return G <= 2 ? 4 : G == 3 ? 3 : 2; }
+
 // Calls fn(unit) for units in order: kv heads, then groups of <= 4 query heads, then dims in
-// chunks of 8 * kNv (G * kNv accumulators + kNv rows fit in 16 ymm) and 8-wide remainders.
+// chunks of 8 * ValueChunk(G), one 16-wide and 8-wide remainders. The grouping of dims into
+// units changes no result: each output element accumulates position by position on its own.
 template <typename Fn>
 inline void ForEachValueUnit(const AttentionParams& p, Fn&& fn) {
   const uint32_t group = p.num_q_heads / p.num_kv_heads;
@@ -269,9 +282,13 @@ inline void ForEachValueUnit(const AttentionParams& p, Fn&& fn) {
   for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
     for (uint32_t g0 = 0; g0 < group; g0 += 4) {
       const uint32_t G = std::min<uint32_t>(4, group - g0);
-      const uint32_t nv = G <= 2 ? 4 : 2;
+      const uint32_t nv = ValueChunk(G);
       uint32_t d = 0;
       for (; d + 8 * nv <= hd; d += 8 * nv) fn(ValueUnit{kvh, g0, G, d, nv});
+      if (nv > 2 && d + 16 <= hd) {
+        fn(ValueUnit{kvh, g0, G, d, 2});
+        d += 16;
+      }
       for (; d < hd; d += 8) fn(ValueUnit{kvh, g0, G, d, 1});
     }
   }
@@ -287,8 +304,11 @@ template <int G>
 inline void AccumulateUnitG(const AttentionParams& p, const float* w, size_t stride,
                             const ValueUnit& u, uint32_t b, uint32_t e, float* o) {
   const size_t off = size_t{u.kvh} * p.head_dim + u.d;
-  constexpr int kNv = G <= 2 ? 4 : 2;  // ForEachValueUnit's chunk width for G
+  constexpr int kNv = ValueChunk(G);
   if (u.nv == kNv) return AccumulateHeads<G, kNv>(p, w, stride, u.kvh, off, b, e, o);
+  if constexpr (kNv > 2) {
+    if (u.nv == 2) return AccumulateHeads<G, 2>(p, w, stride, u.kvh, off, b, e, o);
+  }
   AccumulateHeads<G, 1>(p, w, stride, u.kvh, off, b, e, o);
 }
 
