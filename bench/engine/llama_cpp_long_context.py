@@ -19,8 +19,9 @@ repository (it is not a project dependency; nothing fetched is committed):
   /work/llama-venv/bin/python bench/engine/llama_cpp_long_context.py \\
       --run build/bin/long_context_run --contexts 512,2048,8192 --threads 1,2 --rounds 3
 
-llama.cpp runs with its defaults for this file (f16 KV cache, n_batch 512 = one ubatch per
-512 prompt tokens, flash attention as the library decides), n_ctx = C.
+llama.cpp runs with llama-cpp-python's defaults (f16 KV cache, flash attention off), n_ctx = C
+and n_batch 512; its logits are read from the context after each step (without logits_all the
+library keeps no scores).
 """
 import argparse
 import json
