@@ -11,6 +11,10 @@
 
 namespace kvtier::worker {
 
+namespace kernels {
+class TaskRunner;
+}
+
 // Shape of the attention a cache serves. Query head h reads KV head h / (q_heads / kv_heads).
 struct AttentionShape {
   uint32_t num_layers = 0;
@@ -39,6 +43,10 @@ class AttentionCache {
   // queries (0 for evicted positions): the raw material of cumulative scoring.
   virtual absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                               float* position_mass) = 0;
+
+  // Threads later Attend calls may split their work over (not owned; null = the calling thread
+  // only). Results do not depend on it. A cache may ignore it.
+  virtual void SetTaskRunner(kernels::TaskRunner* runner) { (void)runner; }
 };
 
 }  // namespace kvtier::worker

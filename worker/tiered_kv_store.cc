@@ -350,6 +350,7 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
   p.head_dim = geometry_.head_dim;
   p.scale = scale_;
   p.scratch = scratch_.data();
+  p.runner = runner_;
   kernels::Attention(p, isa_);
   TrimStaging();
   stats_.attend_nanos += NanosSince(start);

@@ -109,6 +109,7 @@ class TieredKvStore final : public AttentionCache {
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
+  void SetTaskRunner(kernels::TaskRunner* runner) override { runner_ = runner; }
 
   // --- Plans. Applies `moves` in order; slots[i] is the destination of moves[i]. The whole plan
   // is validated before any data moves; on error nothing changed. INVALID_ARGUMENT naming the
@@ -203,6 +204,7 @@ class TieredKvStore final : public AttentionCache {
   bool keep_mask_;
   uint32_t max_staged_pages_;
   kernels::Isa isa_;
+  kernels::TaskRunner* runner_ = nullptr;  // not owned
   StoreMemory memory_;
   const codecs::Codec* codec_;
   uint64_t row_floats_;                           // num_kv_heads * head_dim

@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import time
 
+import numpy as np
 from llama_cpp import Llama
 
 PROMPT = [100 + (i * 7919) % 40000 for i in range(64)]  # as engine_bench.cc Tokens(64)
@@ -30,7 +31,8 @@ def llama_cpp(model, threads, reps):
         llm.eval(PROMPT)
         t1, c1 = time.perf_counter(), time.thread_time()
         for _ in range(DECODE):
-            logits = llm.scores[llm.n_tokens - 1]
+            # Without logits_all llama-cpp-python stores no scores: read the context's logits.
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
             llm.eval([int(logits.argmax())])
         t2, c2 = time.perf_counter(), time.thread_time()
         pre.append(len(PROMPT) / (t1 - t0))

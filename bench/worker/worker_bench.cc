@@ -12,6 +12,8 @@
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -21,6 +23,7 @@
 
 #include "worker/codecs/codec.h"
 #include "worker/device_arena.h"
+#include "worker/engine/thread_pool.h"
 #include "worker/page_pool.h"
 #include "worker/tiered_kv_store.h"
 
@@ -272,6 +275,73 @@ void BM_DecodeAttention(benchmark::State& state) {
       100 * bytes_read / ReadBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_DecodeAttention)->ArgsProduct({{1024, 4096, 16384}, {0, 50}});
+
+// Decode attention split over a ThreadPool of range(1) threads, against the same-run bound at
+// the same thread count. Each iteration times, in wall time: Attend on one layer (position_mass
+// on, half the pages in T1 read in place when range(2) = 50), then the same threads streaming
+// the same number of bytes from a buffer of the same working-set size (integer sum), then the
+// same threads memcpy-ing that many bytes. Interleaving makes the ratios robust to other load.
+//   pct_of_bound   = t_memcpy / t_attend  (bytes / memcpy bandwidth at this thread count)
+//   pct_of_read_bw = t_read / t_attend
+void BM_DecodeAttentionThreads(benchmark::State& state) {
+  const uint32_t context = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  Bed& bed = AttentionBed(context);
+  SetT1Share(bed, state.range(2));
+  engine::ThreadPool pool(threads);
+  bed.store->SetTaskRunner(&pool);
+  std::vector<float> q(9 * 64), out(9 * 64), mass(context);
+  FillPseudoRandom(q.data(), q.size(), 3);
+  const size_t bytes = size_t{context} * 2 * 3 * 64 * 4;  // K and V of one layer
+  HugeBuffer read_buf(bytes * kBenchLayers, 3), src(bytes * kBenchLayers, 1),
+      dst(bytes * kBenchLayers, 2);
+  using Wall = std::chrono::steady_clock;
+  auto secs = [](Wall::time_point a, Wall::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  double att = 0, rd = 0, cp = 0;
+  uint32_t layer = 0;
+  std::atomic<uint64_t> total{0};
+  for (auto _ : state) {
+    const auto a = Wall::now();
+    (void)bed.store->Attend(layer, q.data(), 1, out.data(), mass.data());
+    const auto b = Wall::now();
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(read_buf.data + layer * bytes);
+    pool.ParallelFor(
+        bytes / 8,
+        [&](size_t lo, size_t hi) {
+          uint64_t sum = 0;
+          for (size_t i = lo; i < hi; ++i) sum += words[i];
+          total.fetch_add(sum, std::memory_order_relaxed);
+        },
+        4096);
+    benchmark::DoNotOptimize(total);
+    const auto c = Wall::now();
+    pool.ParallelFor(
+        bytes,
+        [&](size_t lo, size_t hi) {
+          std::memcpy(dst.data + layer * bytes + lo, src.data + layer * bytes + lo, hi - lo);
+        },
+        1 << 15);
+    benchmark::ClobberMemory();
+    const auto d = Wall::now();
+    state.SetIterationTime(secs(a, b));
+    att += secs(a, b);
+    rd += secs(b, c);
+    cp += secs(c, d);
+    layer = (layer + 1) % kBenchLayers;
+  }
+  bed.store->SetTaskRunner(nullptr);
+  SetT1Share(bed, 0);
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["pct_of_bound"] = 100 * cp / att;
+  state.counters["pct_of_read_bw"] = 100 * rd / att;
+  state.counters["read_GBps"] = state.iterations() * double(bytes) / rd / 1e9;
+}
+BENCHMARK(BM_DecodeAttentionThreads)
+    ->ArgNames({"context", "threads", "t1_pct"})
+    ->ArgsProduct({{2048, 4096, 16384}, {1, 2}, {0, 50}})
+    ->UseManualTime();
 
 // Share of attention time spent emitting position_mass: with and without, interleaved.
 void BM_PositionMassShare(benchmark::State& state) {

@@ -206,7 +206,10 @@ absl::Status Model::RunAttention(uint32_t layer, std::span<const Segment> segmen
       m = mass.data();
       if (layer == 0) seg.position_mass->assign(len, 0.f);
     }
-    RETURN_IF_ERROR(seg.cache->Attend(layer, q + off * qd, n, out + off * qd, m));
+    seg.cache->SetTaskRunner(pool_.get());
+    const absl::Status attended = seg.cache->Attend(layer, q + off * qd, n, out + off * qd, m);
+    seg.cache->SetTaskRunner(nullptr);
+    RETURN_IF_ERROR(attended);
     if (m != nullptr) {
       const float w = 1.f / (float(c.num_layers) * c.num_heads);
       for (uint32_t j = 0; j < len; ++j) (*seg.position_mass)[j] += w * m[j];

@@ -84,6 +84,12 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
   }
 }
 
+void ThreadPool::Run(uint32_t n, const std::function<void(uint32_t)>& task) {
+  ParallelFor(n, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) task(static_cast<uint32_t>(i));
+  });
+}
+
 void ThreadPool::WorkerLoop() {
   uint32_t seen = 0;
   while (true) {

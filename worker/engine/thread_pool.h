@@ -16,19 +16,26 @@
 #include <thread>
 #include <vector>
 
+#include "worker/kernels/task_runner.h"
+
 namespace kvtier::engine {
 
 // Thread-compatible: ParallelFor must not be called concurrently or re-entrantly. The owner
 // starts the workers in the constructor and joins them in the destructor.
-class ThreadPool {
+// As a kernels::TaskRunner it lends the same threads to the attention kernel.
+class ThreadPool final : public worker::kernels::TaskRunner {
  public:
   // `num_threads` >= 1 (values < 1 are treated as 1).
   explicit ThreadPool(int num_threads);
-  ~ThreadPool();
+  ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // kernels::TaskRunner: ParallelFor over n tasks of grain 1.
+  int concurrency() const override { return num_threads(); }
+  void Run(uint32_t n, const std::function<void(uint32_t)>& task) override;
 
   // Calls fn(begin, end) on disjoint contiguous ranges covering [0, n) and returns when all are
   // done. Range boundaries are multiples of `grain` (except n). Which thread runs which range

@@ -37,6 +37,13 @@ float Dot(const float* a, const float* b, uint32_t n) {
 void ScoreRows(const float* q, const float* const* rows, uint32_t hd, float* dots) {
   for (int j = 0; j < 4; ++j) dots[j] = Dot(q, rows[j], hd);
 }
+void ScoreGroup(const float* q, uint32_t heads, const float* const* rows, uint32_t hd,
+                float* dots) {
+  for (uint32_t g = 0; g < heads; ++g) ScoreRows(q + size_t{g} * hd, rows, hd, dots + 4 * g);
+}
+void Scale4(const float* src, float f, float* dst) {
+  for (int j = 0; j < 4; ++j) dst[j] = src[j] * f;
+}
 float MaxOf(const float* s, uint32_t n) {
   float m = -std::numeric_limits<float>::infinity();
   for (uint32_t i = 0; i < n; ++i) m = std::max(m, s[i]);
@@ -56,15 +63,17 @@ void ScaleInPlace(float* s, uint32_t n, float f) {
 void AddTo(float* dst, const float* src, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) dst[i] += src[i];
 }
-void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, uint32_t cnt,
-                      float* out) {
+// Value units: one per kv head (its query heads, every dim).
+uint32_t ValueUnits(const AttentionParams& p) { return p.num_kv_heads; }
+void AccumulateValueUnits(const AttentionParams& p, const float* w, size_t stride, uint32_t cnt,
+                          uint32_t u0, uint32_t u1, float* out) {
   const uint32_t group = p.num_q_heads / p.num_kv_heads;
   const uint32_t hd = p.head_dim;
-  std::fill(out, out + size_t{p.num_q_heads} * hd, 0.f);
+  std::fill(out + size_t{u0} * group * hd, out + size_t{u1} * group * hd, 0.f);
   for (uint32_t pos = 0; pos < cnt; ++pos) {
     const float* row = p.v_rows[pos];
     if (row == nullptr) continue;
-    for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+    for (uint32_t kvh = u0; kvh < u1; ++kvh) {
       if (p.keep != nullptr && p.keep[kvh][pos] == 0) continue;
       const float* v = row + size_t{kvh} * hd;
       for (uint32_t g = 0; g < group; ++g) {
@@ -122,6 +131,43 @@ void ScoreRows(const float* q, const float* const* rows, uint32_t hd, float* dot
   const __m256 t = _mm256_hadd_ps(t01, t23);  // [r0 r1 r2 r3 | r0' r1' r2' r3']
   const __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   _mm_storeu_ps(dots, r);
+}
+
+// ScoreRows for G query heads (q + g * hd) at once: each K chunk is loaded once for all G. Every
+// dot keeps ScoreRows' FMA chain and reduction tree, so the scores are the same bit for bit.
+template <int G>
+inline void ScoreRowsG(const float* q, const float* const* rows, uint32_t hd, float* dots) {
+  __m256 acc[G][4];
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
+  }
+  for (uint32_t d = 0; d < hd; d += 8) {
+    __m256 qv[G];
+    for (int g = 0; g < G; ++g) qv[g] = _mm256_loadu_ps(q + g * hd + d);
+    for (int j = 0; j < 4; ++j) {
+      const __m256 k = _mm256_loadu_ps(rows[j] + d);
+      for (int g = 0; g < G; ++g) acc[g][j] = _mm256_fmadd_ps(qv[g], k, acc[g][j]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const __m256 t01 = _mm256_hadd_ps(acc[g][0], acc[g][1]);
+    const __m256 t23 = _mm256_hadd_ps(acc[g][2], acc[g][3]);
+    const __m256 t = _mm256_hadd_ps(t01, t23);
+    _mm_storeu_ps(dots + 4 * g, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  }
+}
+
+inline void Scale4(const float* src, float f, float* dst) {
+  _mm_storeu_ps(dst, _mm_mul_ps(_mm_loadu_ps(src), _mm_set1_ps(f)));
+}
+
+// dots[4 * g + j] = q_g . rows[j] for the `heads` query heads at q (q + g * hd).
+void ScoreGroup(const float* q, uint32_t heads, const float* const* rows, uint32_t hd,
+                float* dots) {
+  uint32_t g = 0;
+  for (; g + 3 <= heads; g += 3) ScoreRowsG<3>(q + size_t{g} * hd, rows, hd, dots + 4 * g);
+  for (; g + 2 <= heads; g += 2) ScoreRowsG<2>(q + size_t{g} * hd, rows, hd, dots + 4 * g);
+  for (; g < heads; ++g) ScoreRows(q + size_t{g} * hd, rows, hd, dots + 4 * g);
 }
 
 float MaxOf(const float* s, uint32_t n) {
@@ -188,77 +234,136 @@ constexpr uint32_t kValueBlock = 32;
 // loaded once for all G heads. Every output element still accumulates position by position
 // with one FMA each, so the grouping does not change any result.
 template <int G, int NV>
-inline void AccumulateHeads(const AttentionParams& p, const float* w, size_t stride, uint32_t kvh,
-                            size_t off, uint32_t b, uint32_t e, float* o) {
+__attribute__((noinline)) void AccumulateHeads(const AttentionParams& p, const float* w,
+                                               size_t stride, uint32_t kvh, size_t off, uint32_t b,
+                                               uint32_t e, float* o) {
   const uint32_t hd = p.head_dim;
-  __m256 acc[G][NV];
-  for (int g = 0; g < G; ++g) {
-    for (int j = 0; j < NV; ++j) acc[g][j] = _mm256_loadu_ps(o + g * hd + 8 * j);
-  }
+  const float* const* v_rows = p.v_rows;
+  const uint8_t* keep = p.keep != nullptr ? p.keep[kvh] : nullptr;
+  __m256 acc[G * NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < G * NV; ++i) acc[i] = _mm256_loadu_ps(o + i / NV * hd + 8 * (i % NV));
   for (uint32_t pos = b; pos < e; ++pos) {
-    const float* row = p.v_rows[pos];
-    if (row == nullptr || (p.keep != nullptr && p.keep[kvh][pos] == 0)) continue;
-    __m256 v[NV];
-    for (int j = 0; j < NV; ++j) v[j] = _mm256_loadu_ps(row + off + 8 * j);
-    for (int g = 0; g < G; ++g) {
-      const __m256 wv = _mm256_broadcast_ss(w + g * stride + pos);
-      for (int j = 0; j < NV; ++j) acc[g][j] = _mm256_fmadd_ps(wv, v[j], acc[g][j]);
+    const float* row = v_rows[pos];
+    const bool live = row != nullptr && (keep == nullptr || keep[pos] != 0);
+    if (live) {
+      __m256 v[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) v[j] = _mm256_loadu_ps(row + off + 8 * j);
+#pragma GCC unroll 16
+      for (int i = 0; i < G * NV; ++i) {
+        acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i / NV * stride + pos), v[i % NV], acc[i]);
+      }
     }
   }
-  for (int g = 0; g < G; ++g) {
-    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o + g * hd + 8 * j, acc[g][j]);
-  }
+#pragma GCC unroll 16
+  for (int i = 0; i < G * NV; ++i) _mm256_storeu_ps(o + i / NV * hd + 8 * (i % NV), acc[i]);
 }
 
-// One kv head's group of G heads (G <= 4 held in registers) over dims in chunks.
-template <int G>
-void AccumulateGroup(const AttentionParams& p, const float* w, size_t stride, uint32_t kvh,
-                     uint32_t b, uint32_t e, float* o) {
-  const uint32_t hd = p.head_dim;
-  constexpr int kNv = G <= 2 ? 4 : 2;  // G * kNv accumulators + kNv rows fit in 16 ymm
-  uint32_t d = 0;
-  for (; d + 8 * kNv <= hd; d += 8 * kNv) {
-    AccumulateHeads<G, kNv>(p, w, stride, kvh, size_t{kvh} * hd + d, b, e, o + d);
-  }
-  for (; d < hd; d += 8)
-    AccumulateHeads<G, 1>(p, w, stride, kvh, size_t{kvh} * hd + d, b, e, o + d);
-}
+// A value unit: query heads [g0, g0 + G) of kv head kvh (G <= 4 held in registers) over dims
+// [d, d + 8 * nv). Units tile the output; the serial pass and every split visit the same units,
+// and a unit's arithmetic does not depend on which others share its task.
+struct ValueUnit {
+  uint32_t kvh, g0, G, d, nv;
+};
 
-void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, uint32_t cnt,
-                      float* out) {
+// 8-lane vectors of head_dim per unit for G query heads: G * nv accumulators + nv rows + a
+// broadcast weight fit in 16 ymm, and G * nv >= 8 independent FMA chains keep both FMA pipes
+// busy (each chain waits 4 cycles per position).
+constexpr uint32_t ValueChunk(uint32_t G) { return G <= 2 ? 4 : G == 3 ? 3 : 2; }
+
+// Calls fn(unit) for units in order: kv heads, then groups of <= 4 query heads, then dims in
+// chunks of 8 * ValueChunk(G), one 16-wide and 8-wide remainders. The grouping of dims into
+// units changes no result: each output element accumulates position by position on its own.
+template <typename Fn>
+inline void ForEachValueUnit(const AttentionParams& p, Fn&& fn) {
   const uint32_t group = p.num_q_heads / p.num_kv_heads;
   const uint32_t hd = p.head_dim;
-  std::fill(out, out + size_t{p.num_q_heads} * hd, 0.f);
-  const size_t row_bytes = size_t{p.num_kv_heads} * hd * sizeof(float);
+  for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+    for (uint32_t g0 = 0; g0 < group; g0 += 4) {
+      const uint32_t G = std::min<uint32_t>(4, group - g0);
+      const uint32_t nv = ValueChunk(G);
+      uint32_t d = 0;
+      for (; d + 8 * nv <= hd; d += 8 * nv) fn(ValueUnit{kvh, g0, G, d, nv});
+      if (nv > 2 && d + 16 <= hd) {
+        fn(ValueUnit{kvh, g0, G, d, 2});
+        d += 16;
+      }
+      for (; d < hd; d += 8) fn(ValueUnit{kvh, g0, G, d, 1});
+    }
+  }
+}
+
+uint32_t ValueUnits(const AttentionParams& p) {
+  uint32_t n = 0;
+  ForEachValueUnit(p, [&](const ValueUnit&) { ++n; });
+  return n;
+}
+
+template <int G>
+inline void AccumulateUnitG(const AttentionParams& p, const float* w, size_t stride,
+                            const ValueUnit& u, uint32_t b, uint32_t e, float* o) {
+  const size_t off = size_t{u.kvh} * p.head_dim + u.d;
+  constexpr int kNv = ValueChunk(G);
+  if (u.nv == kNv) return AccumulateHeads<G, kNv>(p, w, stride, u.kvh, off, b, e, o);
+  if constexpr (kNv > 2) {
+    if (u.nv == 2) return AccumulateHeads<G, 2>(p, w, stride, u.kvh, off, b, e, o);
+  }
+  AccumulateHeads<G, 1>(p, w, stride, u.kvh, off, b, e, o);
+}
+
+void AccumulateUnit(const AttentionParams& p, const float* w, size_t stride, const ValueUnit& u,
+                    uint32_t b, uint32_t e, float* out) {
+  const uint32_t group = p.num_q_heads / p.num_kv_heads;
+  const uint32_t h = u.kvh * group + u.g0;
+  const float* wh = w + h * stride;
+  float* o = out + size_t{h} * p.head_dim + u.d;
+  switch (u.G) {
+    case 1:
+      return AccumulateUnitG<1>(p, wh, stride, u, b, e, o);
+    case 2:
+      return AccumulateUnitG<2>(p, wh, stride, u, b, e, o);
+    case 3:
+      return AccumulateUnitG<3>(p, wh, stride, u, b, e, o);
+    default:
+      return AccumulateUnitG<4>(p, wh, stride, u, b, e, o);
+  }
+}
+
+// out (units [u0, u1) of it) = sum over positions < cnt of w[h][pos] * v[pos], position by
+// position, in blocks of kValueBlock positions whose V rows stay in L1 while the units sweep.
+void AccumulateValueUnits(const AttentionParams& p, const float* w, size_t stride, uint32_t cnt,
+                          uint32_t u0, uint32_t u1, float* out) {
+  const uint32_t hd = p.head_dim;
+  const uint32_t group = p.num_q_heads / p.num_kv_heads;
+  size_t lo = ~size_t{0}, hi = 0;  // bytes of a V row the units read
+  uint32_t i = 0;
+  ForEachValueUnit(p, [&](const ValueUnit& u) {
+    if (i >= u0 && i < u1) {
+      lo = std::min(lo, (size_t{u.kvh} * hd + u.d) * sizeof(float));
+      hi = std::max(hi, (size_t{u.kvh} * hd + u.d + 8 * u.nv) * sizeof(float));
+      for (uint32_t g = 0; g < u.G; ++g) {
+        float* o = out + size_t{u.kvh * group + u.g0 + g} * hd + u.d;
+        std::fill(o, o + 8 * u.nv, 0.f);
+      }
+    }
+    ++i;
+  });
+  if (lo >= hi) return;
   for (uint32_t b = 0; b < cnt; b += kValueBlock) {
     const uint32_t e = std::min(cnt, b + kValueBlock);
-    // Rows two blocks ahead are fetched into L2 while this block is swept by every head.
+    // Rows two blocks ahead are fetched into L2 while this block is swept by every unit.
     for (uint32_t pos = b + 2 * kValueBlock; pos < std::min(cnt, b + 3 * kValueBlock); ++pos) {
       const char* row = reinterpret_cast<const char*>(p.v_rows[pos]);
       if (row == nullptr) continue;
-      for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T1);
+      for (size_t off = lo; off < hi; off += 64) _mm_prefetch(row + off, _MM_HINT_T1);
+      _mm_prefetch(row + hi - 1, _MM_HINT_T1);
     }
-    for (uint32_t kvh = 0; kvh < p.num_kv_heads; ++kvh) {
-      for (uint32_t g0 = 0; g0 < group; g0 += 4) {
-        const uint32_t h = kvh * group + g0;
-        const float* wh = w + h * stride;
-        float* o = out + size_t{h} * hd;
-        switch (std::min<uint32_t>(4, group - g0)) {
-          case 1:
-            AccumulateGroup<1>(p, wh, stride, kvh, b, e, o);
-            break;
-          case 2:
-            AccumulateGroup<2>(p, wh, stride, kvh, b, e, o);
-            break;
-          case 3:
-            AccumulateGroup<3>(p, wh, stride, kvh, b, e, o);
-            break;
-          default:
-            AccumulateGroup<4>(p, wh, stride, kvh, b, e, o);
-            break;
-        }
-      }
-    }
+    uint32_t j = 0;
+    ForEachValueUnit(p, [&](const ValueUnit& u) {
+      if (j >= u0 && j < u1) AccumulateUnit(p, w, stride, u, b, e, out);
+      ++j;
+    });
   }
 }
 

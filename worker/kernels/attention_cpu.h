@@ -9,9 +9,21 @@
 // grouped into pages or how they are aligned. Scores are kept in a position-indexed scratch
 // array, reductions over positions run in position order in fixed-width vector lanes, and the
 // output accumulates position by position.
+//
+// Threads (AttentionParams::runner): one query is split into phases whose every sum keeps the
+// single-thread order, so the result is bit-identical whatever the runner and its thread count:
+// scores over chunks of positions (each score is independent), softmax per head (each head's
+// max and sum run over all its positions in one task), then the value pass split over
+// (kv head, 8-lane block of head_dim) units (each output element still accumulates position by
+// position) while position_mass is summed over heads per chunk of positions. Several queries
+// (prefill) run in fixed blocks of queries, each block serially with its own position_mass
+// partial; partials are added in block order, so position_mass does not depend on the thread
+// count either (it may differ from a one-block sum in the last bits).
 
 #include <cstddef>
 #include <cstdint>
+
+#include "worker/kernels/task_runner.h"
 
 namespace kvtier::worker::kernels {
 
@@ -39,6 +51,8 @@ struct AttentionParams {
   float scale = 0.f;
   // AttentionScratchFloats(num_q_heads, length) floats, 32-byte alignment not required.
   float* scratch = nullptr;
+  // Null = the calling thread alone. The result does not depend on it (see the top comment).
+  TaskRunner* runner = nullptr;
 };
 
 enum class Isa : uint8_t { kPortable = 0, kAvx2Fma = 1 };

@@ -64,6 +64,7 @@ class TieredSequence final : public AttentionCache {
   // on a re-tiering step the sequence re-tiers before returning.
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
+  void SetTaskRunner(kernels::TaskRunner* runner) override { store_->SetTaskRunner(runner); }
 
   // Re-tiers now, whatever the step (tests, and the end of a prefill done elsewhere).
   absl::Status Retier();

@@ -1,8 +1,10 @@
 #include "worker/kernels/attention_cpu.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -194,6 +196,126 @@ TEST(AttentionCpuTest, NullMassLeavesOutputUnchanged) {
   Attention(c.Params(out1.data(), mass.data(), scratch));
   Attention(c.Params(out2.data(), nullptr, scratch));
   EXPECT_EQ(std::memcmp(out1.data(), out2.data(), out1.size() * 4), 0);
+}
+
+// Runs tasks on `threads` std::threads (the caller among them) claiming indices from a counter.
+class ThreadRunner final : public TaskRunner {
+ public:
+  explicit ThreadRunner(int threads) : threads_(threads) {}
+  int concurrency() const override { return threads_; }
+  void Run(uint32_t n, const std::function<void(uint32_t)>& task) override {
+    std::atomic<uint32_t> next{0};
+    auto work = [&] {
+      for (uint32_t i; (i = next.fetch_add(1)) < n;) task(i);
+    };
+    std::vector<std::thread> others;
+    for (int t = 1; t < threads_; ++t) others.emplace_back(work);
+    work();
+    for (auto& t : others) t.join();
+    ++runs;
+  }
+  int runs = 0;
+
+ private:
+  int threads_;
+};
+
+// Claims concurrency() but runs tasks on the caller in reverse order: a split whose result
+// depended on task order or on which tasks share a thread would show here.
+class ReverseRunner final : public TaskRunner {
+ public:
+  explicit ReverseRunner(int threads) : threads_(threads) {}
+  int concurrency() const override { return threads_; }
+  void Run(uint32_t n, const std::function<void(uint32_t)>& task) override {
+    for (uint32_t i = n; i-- > 0;) task(i);
+  }
+
+ private:
+  int threads_;
+};
+
+struct Result {
+  std::vector<float> out, mass;
+};
+
+Result RunWith(const Case& c, Isa isa, TaskRunner* runner) {
+  Result r{std::vector<float>(size_t{c.s.n} * c.s.q_heads * c.s.head_dim, NAN),
+           std::vector<float>(c.s.length, NAN)};
+  std::vector<float> scratch;
+  AttentionParams p = c.Params(r.out.data(), r.mass.data(), scratch);
+  p.runner = runner;
+  Attention(p, isa);
+  return r;
+}
+
+void ExpectBitIdentical(const Result& a, const Result& b) {
+  ASSERT_EQ(a.out.size(), b.out.size());
+  EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.mass.data(), b.mass.data(), a.mass.size() * 4), 0);
+}
+
+TEST(AttentionCpuTest, SplitDecodeIsBitIdenticalToOneThread) {
+  const Shape shapes[] = {{9, 3, 64, 512, 1},
+                          {9, 3, 64, 2051, 1},
+                          {8, 1, 24, 700, 1},
+                          {12, 2, 32, 1030, 1},
+                          {3, 1, 7, 600, 1}};
+  uint32_t seed = 100;
+  for (const Shape& s : shapes) {
+    for (double evict : {0.0, 0.3}) {
+      for (double mask : {0.0, 0.2}) {
+        Case c(s, ++seed, evict, mask);
+        for (Isa isa : UsableIsas(s.head_dim)) {
+          SCOPED_TRACE(testing::Message()
+                       << "L" << s.length << " d" << s.head_dim << " evict " << evict << " mask "
+                       << mask << " isa " << static_cast<int>(isa));
+          const Result alone = RunWith(c, isa, nullptr);
+          for (int threads : {2, 3, 5}) {
+            ThreadRunner real(threads);
+            ExpectBitIdentical(alone, RunWith(c, isa, &real));
+            EXPECT_GT(real.runs, 0) << "the split path did not run";
+            ReverseRunner reverse(threads);
+            ExpectBitIdentical(alone, RunWith(c, isa, &reverse));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionCpuTest, PrefillDoesNotDependOnThreadCount) {
+  // 70 queries = five blocks of 16: waves of 2 and 3 blocks, and one block at a time.
+  Case c({9, 3, 64, 300, 70}, 7, 0.1, 0.1);
+  for (Isa isa : UsableIsas(64)) {
+    const Result alone = RunWith(c, isa, nullptr);
+    for (int threads : {2, 3}) {
+      ThreadRunner real(threads);
+      ExpectBitIdentical(alone, RunWith(c, isa, &real));
+      ReverseRunner reverse(threads);
+      ExpectBitIdentical(alone, RunWith(c, isa, &reverse));
+    }
+  }
+}
+
+TEST(AttentionCpuTest, EachQueryOfAPrefillMatchesItsDecodeStep) {
+  // Query t of a prefill over L positions sees positions [0, L - n + t]: the same output as a
+  // decode step over that prefix, bit for bit (prefill and decode agree).
+  Case c({9, 3, 64, 600, 40}, 11, 0.1, 0.0);
+  for (Isa isa : UsableIsas(64)) {
+    ThreadRunner runner(2);
+    const Result all = RunWith(c, isa, &runner);
+    for (uint32_t t : {0u, 17u, 39u}) {
+      Case step = c;
+      step.s.length = c.s.length - c.s.n + t + 1;
+      step.s.n = 1;
+      step.q.assign(c.q.begin() + size_t{t} * 9 * 64, c.q.begin() + size_t{t + 1} * 9 * 64);
+      step.k_rows.resize(step.s.length);
+      step.v_rows.resize(step.s.length);
+      const Result one = RunWith(step, isa, &runner);
+      EXPECT_EQ(std::memcmp(one.out.data(), all.out.data() + size_t{t} * 9 * 64, 9 * 64 * 4), 0)
+          << t;
+    }
+  }
 }
 
 }  // namespace
