@@ -433,7 +433,7 @@ TEST(DaemonCoreTest, WorkerQuotaDegradesLikeAShortPool) {
   ASSERT_TRUE(w.Ack(*plan, true).ok());
   // Raising the quota at run time lets the next plan offload more.
   o.worker_ddr_quota_bytes = 0;
-  env.core->Reload(o);
+  ASSERT_TRUE(env.core->Reload(o).ok());
   auto plan2 = w.Snapshot(*seq, 1616, RampScores(101));
   ASSERT_TRUE(plan2.ok());
   EXPECT_FALSE(plan2->degraded());
