@@ -310,7 +310,9 @@ TEST(SessionTest, PagesTheWorkerEvictedWhileAwayAreAdoptedAndTheirSlotsFreed) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_GE(next->report().tokens_t3(), evicted_before + 2 * 16);
   for (size_t i = 0; i < view.tiers.size(); ++i) {
-    if (view.tiers[i] == 3) EXPECT_EQ(next->target_tiers()[i], 3) << "page " << i;
+    if (view.tiers[i] == 3) {
+      EXPECT_EQ(next->target_tiers()[i], 3) << "page " << i;
+    }
   }
   ASSERT_TRUE(w.Ack(*next, true).ok());
   (void)used;
