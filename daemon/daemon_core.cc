@@ -263,8 +263,9 @@ void DaemonCoreImpl::UpdateGaugesLocked() {
   if (metrics_ == nullptr) return;
   for (Tier t : {Tier::kT1, Tier::kT2}) {
     const int i = PoolIndex(t);
-    metrics_->SetPool(t, pools_[i]->capacity(), used_bytes_[i], pools_[i]->reserved_bytes(),
-                      slots_used_[i]);
+    const uint64_t spare = pools_[i]->unassigned() * pools_[i]->extent_bytes();
+    metrics_->SetPool(t, pools_[i]->capacity(), used_bytes_[i], pools_[i]->reserved_bytes() - spare,
+                      slots_used_[i], spare);
   }
   metrics_->SetPlacementTokens(total_tokens_);
   metrics_->SetHbmSavedBytes(total_full_bytes_ - total_t0_bytes_);
@@ -650,6 +651,29 @@ int DaemonCoreImpl::ReapExpired() {
   absl::erase_if(tickets_, [&](const auto& kv) { return kv.second.expires <= now; });
   UpdateGaugesLocked();
   return static_cast<int>(expired.size());
+}
+
+void DaemonCoreImpl::PrepareSpareExtents() {
+  constexpr size_t kSpares = 2;
+  for (const auto& pool : pools_) {
+    PoolBudget& budget = *pool;
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (!budget.WantsSpare(kSpares)) break;
+        budget.BeginSpare();
+      }
+      // The slow part (memfd_create, fallocate) with no lock held; label, size and directory
+      // never change after construction.
+      absl::StatusOr<Extent> made =
+          Extent::Create(budget.label(), budget.extent_bytes(), budget.dir());
+      const bool ok = made.ok();
+      absl::MutexLock lock(&mu_);
+      budget.EndSpare(std::move(made));
+      UpdateGaugesLocked();
+      if (!ok) break;
+    }
+  }
 }
 
 absl::Status DaemonCoreImpl::Reload(const CoreOptions& options) {

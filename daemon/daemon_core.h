@@ -107,6 +107,12 @@ class DaemonCore {
   // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.
   virtual int ReapExpired() = 0;
 
+  // Makes spare extents for each pool (up to two, within the budget, for budgets of 8 extents
+  // or more) outside the core's lock, so
+  // that grants seldom create one while holding it. Called periodically by kvtierd (the reaper's
+  // thread); a core that never calls it creates every extent at grant time.
+  virtual void PrepareSpareExtents() = 0;
+
   // Applies settings that can change without a restart: per-worker quotas, max_workers,
   // max_sequences_per_worker, max_sequences, lease_ttl and heartbeat_interval (when > 0),
   // [security]. Others (pool sizes, extents, epoch) are ignored. Lower caps do not evict

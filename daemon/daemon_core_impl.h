@@ -120,6 +120,7 @@ class DaemonCoreImpl final : public DaemonCore {
                                                 const v1::FetchExtents& request,
                                                 std::vector<edge::UniqueFd>* fds) override;
   int ReapExpired() override;
+  void PrepareSpareExtents() override;
   absl::Status Reload(const CoreOptions& options) override;
 
   // Cross-checks all bookkeeping (tests and the fuzzer): allocator invariants, per-worker and

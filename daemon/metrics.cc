@@ -43,7 +43,8 @@ absl::string_view RpcName(Metrics::Rpc rpc) {
 
 struct Metrics::Families {
   static constexpr int kRpcs = static_cast<int>(Rpc::kCount);
-  std::array<prometheus::Gauge*, 2> pool_capacity{}, pool_used{}, pool_reserved{}, pool_slots{};
+  std::array<prometheus::Gauge*, 2> pool_capacity{}, pool_used{}, pool_reserved{}, pool_slots{},
+      pool_spare{};
   std::array<std::array<prometheus::Counter*, 2>, 2> alloc_failures{};  // [pool][reason]
   std::array<prometheus::Gauge*, tiering::kNumTiers> placement_tokens{};
   prometheus::Gauge* hbm_saved = nullptr;
@@ -79,7 +80,9 @@ std::unique_ptr<Metrics> Metrics::Create() {
   auto& cap = gauge("kvtier_pool_capacity_bytes", "Bytes of slot space in the pool.");
   auto& used = gauge("kvtier_pool_used_bytes", "Bytes of granted slots in the pool.");
   auto& reserved = gauge("kvtier_pool_reserved_bytes",
-                         "Bytes held by slot extents (used plus slack inside extents).");
+                         "Bytes of the extents workers hold (used plus slack inside extents).");
+  auto& spare = gauge("kvtier_pool_spare_bytes",
+                      "Bytes of extents made ahead and not yet handed to a worker.");
   auto& slots = gauge("kvtier_pool_used_slots", "Granted slots in the pool.");
   auto& failures = counter("kvtier_pool_allocation_failures_total",
                            "Slot requests refused because the pool or the worker quota was short.");
@@ -89,6 +92,7 @@ std::unique_ptr<Metrics> Metrics::Create() {
     f.pool_capacity[i] = &cap.Add(l);
     f.pool_used[i] = &used.Add(l);
     f.pool_reserved[i] = &reserved.Add(l);
+    f.pool_spare[i] = &spare.Add(l);
     f.pool_slots[i] = &slots.Add(l);
     for (int reason = 0; reason < 2; ++reason) {
       f.alloc_failures[i][reason] = &failures.Add(
@@ -158,8 +162,9 @@ std::unique_ptr<Metrics> Metrics::Create() {
 }
 
 void Metrics::SetPool(Tier tier, uint64_t capacity, uint64_t used, uint64_t reserved,
-                      uint64_t slots) {
+                      uint64_t slots, uint64_t spare) {
   int i = PoolIndex(tier);
+  f_->pool_spare[i]->Set(static_cast<double>(spare));
   f_->pool_capacity[i]->Set(static_cast<double>(capacity));
   f_->pool_used[i]->Set(static_cast<double>(used));
   f_->pool_reserved[i]->Set(static_cast<double>(reserved));

@@ -82,8 +82,9 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   // `tier` must be T1 or T2.
+  // `reserved`: extents workers hold; `spare`: extents made ahead, held by none.
   void SetPool(tiering::Tier tier, uint64_t capacity, uint64_t used, uint64_t reserved,
-               uint64_t slots);
+               uint64_t slots, uint64_t spare = 0);
   void CountAllocationFailure(tiering::Tier tier, AllocFailure reason);
   void SetPlacementTokens(const std::array<uint64_t, tiering::kNumTiers>& tokens);
   void SetHbmSavedBytes(uint64_t bytes);

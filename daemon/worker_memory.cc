@@ -14,6 +14,11 @@ PoolBudget::PoolBudget(layout::PoolKind kind, uint64_t capacity, uint64_t extent
       dir_(std::move(dir)) {}
 
 absl::StatusOr<Extent> PoolBudget::Take() {
+  if (!spares_.empty()) {
+    Extent e = std::move(spares_.back());
+    spares_.pop_back();
+    return e;
+  }
   if (reserved_ + extent_bytes_ > capacity_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         kind_ == layout::PoolKind::kDdr ? "DDR" : "compressed", " budget full: ", extents_out(),
@@ -25,6 +30,15 @@ absl::StatusOr<Extent> PoolBudget::Take() {
 }
 
 void PoolBudget::Return(uint64_t bytes) { reserved_ -= bytes; }
+
+void PoolBudget::EndSpare(absl::StatusOr<Extent> extent) {
+  --making_;
+  if (extent.ok()) {
+    spares_.push_back(*std::move(extent));
+  } else {
+    reserved_ -= extent_bytes_;
+  }
+}
 
 WorkerMemory::WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header)
     : budget_(budget), tag_(tag), max_extents_(max_extents), header_(std::move(header)) {}

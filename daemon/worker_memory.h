@@ -26,11 +26,28 @@ class PoolBudget {
   PoolBudget(layout::PoolKind kind, uint64_t capacity, uint64_t extent_bytes, std::string label,
              std::string dir);
 
-  // A new extent charged to the budget: RESOURCE_EXHAUSTED when the budget has no extent left
-  // or the memory cannot be reserved (a full tmpfs).
+  // An extent charged to the budget: a spare if one is ready, else a new one (slow: the memory is
+  // reserved now). RESOURCE_EXHAUSTED when the budget has no extent left or the memory cannot be
+  // reserved (a full tmpfs).
   absl::StatusOr<Extent> Take();
   // An extent's descriptor was closed.
   void Return(uint64_t bytes);
+
+  // Spares are made ahead, outside the core's lock, so that a grant seldom waits for fallocate:
+  // WantsSpare says whether one more fits the budget and the target; BeginSpare charges it;
+  // EndSpare files the made extent (or, on failure, gives the charge back).
+  // Budgets of fewer than 8 extents keep no spares (they would pin a large share of it).
+  bool WantsSpare(size_t target) const {
+    return capacity_ / extent_bytes_ >= 8 && spares_.size() + making_ < target &&
+           reserved_ + extent_bytes_ <= capacity_;
+  }
+  void BeginSpare() {
+    reserved_ += extent_bytes_;
+    ++making_;
+  }
+  void EndSpare(absl::StatusOr<Extent> extent);
+  // Extents charged to the budget but held by no worker: ready spares and spares in the making.
+  size_t unassigned() const { return spares_.size() + making_; }
 
   layout::PoolKind kind() const { return kind_; }
   uint64_t capacity() const { return capacity_; }
@@ -46,6 +63,8 @@ class PoolBudget {
   const uint64_t extent_bytes_;
   const std::string label_, dir_;
   uint64_t reserved_ = 0;
+  std::vector<Extent> spares_;
+  size_t making_ = 0;
 };
 
 // One worker's memory of one pool. Not thread-safe (the core's mutex serializes); every Slot

@@ -343,7 +343,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         clock.Advance(absl::Milliseconds(in.ConsumeIntegralInRange<int>(0, 12000)));
         break;
       case 7:
-        (void)core->ReapExpired();  // sequences of reaped workers now fail, as they should
+        (void)core->ReapExpired();    // sequences of reaped workers now fail, as they should
+        core->PrepareSpareExtents();  // and spares are made outside the lock
         break;
       case 8: {
         v1::GetStatusRequest r;

@@ -103,8 +103,8 @@ absl::Status ShareSocket(const DaemonConfig& config, gid_t gid) {
   return absl::OkStatus();
 }
 
-// Runs `core.ReapExpired()` every `interval` until stopped. One owner: Run() starts the
-// thread, the destructor stops and joins it.
+// Runs `core.ReapExpired()` and `core.PrepareSpareExtents()` every `interval` until stopped. One
+// owner: Run() starts the thread, the destructor stops and joins it.
 class Reaper {
  public:
   Reaper(DaemonCore* core, Logger* log, absl::Duration interval)
@@ -127,6 +127,7 @@ class Reaper {
       lock.unlock();
       int reaped = core_->ReapExpired();
       if (reaped > 0) log_->Info(absl::StrCat("lease expired: reaped ", reaped, " worker(s)"));
+      core_->PrepareSpareExtents();
       lock.lock();
     }
   }
@@ -236,6 +237,7 @@ int Serve(const Flags& flags, DaemonConfig config) {
     log.Error(absl::StrCat("cannot create pools: ", core.status().message()));
     return 1;
   }
+  (*core)->PrepareSpareExtents();  // the first workers' grants need not make extents
   log.Info(absl::StrCat("pools ready: DDR ", config.core.ddr_pool_bytes >> 20, " MiB, compressed ",
                         config.core.compressed_pool_bytes >> 20, " MiB"));
 

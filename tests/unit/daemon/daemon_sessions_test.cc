@@ -329,6 +329,33 @@ TEST(SessionTest, PagesTheWorkerEvictedWhileAwayAreAdoptedAndTheirSlotsFreed) {
   EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
 }
 
+TEST(SessionTest, SpareExtentsAreMadeAheadAndHandedOutFirstWithinTheBudget) {
+  Env env(SmallOptions(/*ddr=*/32ull << 20, /*cmp=*/4ull << 20));  // 2 MiB extents: 16 and 2
+  env.core->PrepareSpareExtents();
+  auto reserved = [&] {
+    auto st = env.core->GetStatus(v1::GetStatusRequest());
+    return st->pools(0).shm_name();
+  };
+  EXPECT_NE(reserved().find("(2 x 2 MiB"), std::string::npos) << reserved();
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.1, 0, 0));
+  ASSERT_TRUE(seq.ok());
+  auto plan = w.Snapshot(*seq, 1600, RampScores(100));  // 90 pages of 8 KiB: one extent
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->ddr_extents(), 1u);
+  EXPECT_NE(reserved().find("(2 x 2 MiB"), std::string::npos) << "the grant took a spare";
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+  env.core->PrepareSpareExtents();  // tops up to two spares: 3 extents out
+  EXPECT_NE(reserved().find("(3 x 2 MiB"), std::string::npos) << reserved();
+  env.core->PrepareSpareExtents();  // never past the target
+  EXPECT_NE(reserved().find("(3 x 2 MiB"), std::string::npos) << reserved();
+  // The compressed budget (2 extents) is too small to keep spares.
+  auto st = env.core->GetStatus(v1::GetStatusRequest());
+  EXPECT_NE(st->pools(1).shm_name().find("(0 x"), std::string::npos) << st->pools(1).shm_name();
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
 TEST(SessionTest, CloseWorkerReturnsItsExtentsAtOnce) {
   Env env;
   SimWorker w(env.core.get());
