@@ -111,10 +111,7 @@ absl::Status TieredSequence::EndForwardPass(uint32_t n) {
 absl::Status TieredSequence::Retier() {
   ScopedTimer timer(&report_.tier_nanos);
   if (client_ == nullptr) return RetierLocal(/*allow_offloads=*/true);
-  if (!orphaned_ && client_->generation() != generation_) orphaned_ = true;
-  if (orphaned_ && client_->connected() && client_->generation() != generation_) {
-    if (Rejoin().ok()) orphaned_ = false;
-  }
+  FollowSession();
   if (!orphaned_) {
     absl::Status s = RetierWithDaemon();
     exchange_failed_ = !s.ok();
@@ -124,6 +121,15 @@ absl::Status TieredSequence::Retier() {
   // The daemon is unreachable (or forgot us): keep decoding on what we hold, no new offloads.
   ++report_.degraded_plans;
   return RetierLocal(/*allow_offloads=*/false);
+}
+
+void TieredSequence::FollowSession() {
+  if (client_->generation() == generation_) return;
+  orphaned_ = true;
+  // Re-open once the new session is up and no snapshot of the old one is still out.
+  if (!client_->connected() || (lane_ != nullptr && lane_->snapshot_in_flight())) return;
+  if (lane_ != nullptr) lane_->Drain();  // acks of the old session go first (they fail: it is gone)
+  if (Rejoin().ok()) orphaned_ = false;
 }
 
 absl::Status TieredSequence::Rejoin() {
@@ -276,12 +282,7 @@ absl::Status TieredSequence::ApplyDaemonPlan(const v1::TierPlan& plan, bool back
 
 absl::Status TieredSequence::StartRetier() {
   ScopedTimer timer(&report_.tier_nanos);
-  if (!orphaned_ && client_->generation() != generation_) orphaned_ = true;
-  if (orphaned_ && !lane_->snapshot_in_flight() && client_->connected() &&
-      client_->generation() != generation_) {
-    lane_->Drain();  // acks of the old session go first (they fail: it is gone)
-    if (Rejoin().ok()) orphaned_ = false;
-  }
+  FollowSession();
   if (orphaned_) {
     ++report_.degraded_plans;
     return RetierLocal(/*allow_offloads=*/false);

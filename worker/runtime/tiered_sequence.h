@@ -97,6 +97,9 @@ class TieredSequence final : public AttentionCache {
   // moves the store to the new session's pools and opens a new daemon sequence. On failure the
   // sequence stays orphaned (and tries again at a later re-tiering).
   absl::Status Rejoin();
+  // Notices that the client's session changed (orphaned) and re-opens under the new one when it
+  // can (Rejoin).
+  void FollowSession();
   absl::StatusOr<tiering::Placement> LocalTarget(const std::vector<float>& page_scores,
                                                  bool allow_offloads);
   void Account();
