@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status/status_macros.h"
 #include "worker/engine/sampler.h"
+#include "worker/runtime/report_json.h"
 #include "worker/runtime/worker_runtime.h"
 
 namespace kvtier::engine {
@@ -171,7 +172,6 @@ std::string FormatReport(const GenerateResult& r, const GenerateOptions& o) {
 }
 
 std::string ReportJson(const GenerateResult& r, const GenerateOptions& o) {
-  const worker::SequenceReport& s = r.report;
   nlohmann::json report = {
       {"policy", o.policy},
       {"hbm_ratio", o.hbm_ratio},
@@ -183,30 +183,14 @@ std::string ReportJson(const GenerateResult& r, const GenerateOptions& o) {
       {"prompt_tokens", r.prompt_tokens},
       {"generated_tokens", r.tokens.size()},
       {"stop_reason", r.stop_reason},
-      {"t0_bytes", s.t0_bytes},
-      {"t0_peak_bytes", s.t0_peak_bytes},
-      {"t0_mean_bytes", s.t0_mean_bytes},
-      {"full_mean_bytes", s.full_mean_bytes},
-      {"full_bytes", s.full_bytes},
-      {"ddr_bytes", s.ddr_bytes},
-      {"compressed_bytes", s.compressed_bytes},
-      {"tokens_by_tier", {s.tokens[0], s.tokens[1], s.tokens[2], s.tokens[3]}},
-      {"evicted_generated_fraction", s.evicted_generated_fraction},
-      {"offload_bytes", s.offload_bytes},
-      {"compress_bytes", s.compress_bytes},
-      {"promote_bytes", s.promote_bytes},
-      {"decompress_bytes", s.decompress_bytes},
-      {"plans", s.plans},
-      {"degraded_plans", s.degraded_plans},
-      {"local_plans", s.local_plans},
       {"prefill_seconds", r.prefill_seconds},
       {"decode_seconds", r.decode_seconds},
       {"decode_tokens_per_second", r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0},
       {"decode_step_p50_ms", r.step_p50_ms},
       {"decode_step_p99_ms", r.step_p99_ms},
       {"decode_step_max_ms", r.step_max_ms},
-      {"tier_seconds", s.tier_nanos / 1e9},
   };
+  report.update(worker::SequenceReportJson(r.report));
   nlohmann::json out = {{"text", r.text}, {"tokens", r.tokens}, {"report", report}};
   return out.dump(2);
 }

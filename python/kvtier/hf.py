@@ -1,0 +1,343 @@
+"""Hugging Face transformers: a cache that places KV by attention instead of deleting it.
+
+    import kvtier.hf                     # registers attn_implementation="kvtier"
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="kvtier")
+    cache = kvtier.hf.TieredCache(policy="hierarchy", hbm_ratio=0.5, evict_ratio=0.03)
+    model.generate(ids, past_key_values=cache, max_new_tokens=256)
+    cache.report()                       # the figures of `kvtier-run generate --json`
+
+Each layer's post-RoPE K/V goes into one kvtier ``TieredSequence`` (T0 in the runtime's arena,
+T1/T2 in the daemon's pools or local ones); the ``"kvtier"`` attention implementation attends
+over T0 ∪ T1 (and dequantized T2) with kvtier's kernel, in position order, and accumulates the
+cumulative attention score that places the pages. Positions are never renumbered: an evicted
+token keeps its place, so RoPE positions and ``cache_position`` stay those of the full sequence.
+
+Tested with the transformers version pinned in python/requirements.txt (docs/python.md says
+what a newer one needs). Batch size 1, CPU tensors; the GPU path is the CUDA backend's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from kvtier import _native
+
+__all__ = ["TieredCache", "kvtier_attention", "ATTN_IMPLEMENTATION"]
+
+ATTN_IMPLEMENTATION = "kvtier"
+POLICIES = ("full", "hierarchy", "streaming")
+
+
+@dataclass
+class _Pending:
+    """What a layer's `update` handed to the model: its attention call finds the cache by it."""
+
+    cache: "TieredCache"
+    layer: int
+    key: torch.Tensor
+
+
+_pending = threading.local()
+
+# One runtime per (model shape, pages, codec, daemon) in this process: a runtime in daemon mode
+# is one registered worker, and every sequence of the process shares its session and pools.
+_runtimes: dict[tuple, _native.Runtime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def _runtime_for(key: tuple, make) -> _native.Runtime:
+    with _runtimes_lock:
+        runtime = _runtimes.get(key)
+        if runtime is None:
+            runtime = make()
+            _runtimes[key] = runtime
+        return runtime
+
+
+_live_caches: "weakref.WeakSet[TieredCache]" = weakref.WeakSet()
+
+
+def release_runtimes() -> None:
+    """Drops the shared runtimes (their daemon sessions close once no sequence holds them)."""
+    with _runtimes_lock:
+        _runtimes.clear()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    # Sequences and sessions end cleanly (CloseWorker) instead of waiting out the lease.
+    for cache in list(_live_caches):
+        cache.close()
+    release_runtimes()
+
+
+def _check_ratio(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"TieredCache: {name}={value} is outside [0, 1]")
+    return value
+
+
+class _TieredLayer(CacheLayerMixin):
+    """One model layer's view of the cache's TieredSequence (what transformers' Cache expects)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, cache: "TieredCache", layer: int):
+        super().__init__()
+        self._cache = cache
+        self._layer = layer
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self._cache._hand_over(self._layer, key_states, value_states)
+
+    def get_seq_length(self) -> int:
+        return self._cache._length(self._layer)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self._cache.close()
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("TieredCache holds one sequence: beam search is not supported")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("TieredCache cannot crop: positions are never taken back")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("TieredCache holds one sequence: batch size 1")
+
+    def batch_select_indices(self, indices) -> None:
+        raise NotImplementedError("TieredCache holds one sequence: batch size 1")
+
+
+class TieredCache(Cache):
+    """A transformers ``Cache`` whose KV lives in kvtier's tiers (one sequence, batch size 1).
+
+    Keywords: ``policy`` ("hierarchy", "full", "streaming"), ``hbm_ratio`` β (T0's share of live
+    tokens), ``evict_ratio`` r (cumulative evicted share of eligible tokens; 0 = exact),
+    ``compress_ratio`` γ (share of live candidates in 8-bit T2), ``codec`` ("int8_kivi",
+    "fp8_e4m3"), ``page_tokens``, ``daemon`` ("unix:/run/kvtier/kvtierd.sock"; None = local pools
+    in this process). The protected set and Δ: ``sink_tokens``, ``window_tokens``,
+    ``protect_prompt``, ``retier_interval``.
+
+    Needs the model loaded with ``attn_implementation="kvtier"`` (after ``import kvtier.hf``).
+    """
+
+    def __init__(
+        self,
+        policy: str = "hierarchy",
+        hbm_ratio: float = 0.5,
+        evict_ratio: float = 0.0,
+        compress_ratio: float = 0.0,
+        codec: str = "int8_kivi",
+        page_tokens: int = 16,
+        daemon: str | None = None,
+        *,
+        sink_tokens: int = 4,
+        window_tokens: int = 128,
+        protect_prompt: bool = True,
+        retier_interval: int = 64,
+        tag: str = "transformers",
+        local_ddr_bytes: int = 2 << 30,
+        local_compressed_bytes: int = 1 << 30,
+    ):
+        super().__init__(layers=[])
+        if policy not in POLICIES:
+            raise ValueError(f"TieredCache: policy={policy!r} is not one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.hbm_ratio = _check_ratio("hbm_ratio", hbm_ratio)
+        self.evict_ratio = _check_ratio("evict_ratio", evict_ratio)
+        self.compress_ratio = _check_ratio("compress_ratio", compress_ratio)
+        if self.evict_ratio + self.compress_ratio > 1:
+            raise ValueError(
+                f"TieredCache: evict_ratio + compress_ratio = "
+                f"{self.evict_ratio + self.compress_ratio} exceeds 1"
+            )
+        if int(page_tokens) <= 0:
+            raise ValueError(f"TieredCache: page_tokens={page_tokens} must be positive")
+        if int(retier_interval) <= 0:
+            raise ValueError(f"TieredCache: retier_interval={retier_interval} must be positive")
+        if daemon is not None and not daemon.startswith("unix:"):
+            raise ValueError(
+                f"TieredCache: daemon={daemon!r} must be kvtierd's unix socket, 'unix:PATH' "
+                "(workers need the memory channel beside it), or None for local pools"
+            )
+        self.codec = codec
+        self.page_tokens = int(page_tokens)
+        self.daemon = daemon
+        self.sink_tokens = int(sink_tokens)
+        self.window_tokens = int(window_tokens)
+        self.protect_prompt = bool(protect_prompt)
+        self.retier_interval = int(retier_interval)
+        self.tag = tag
+        self.local_ddr_bytes = int(local_ddr_bytes)
+        self.local_compressed_bytes = int(local_compressed_bytes)
+        self.sequence: _native.TieredSequence | None = None
+        _live_caches.add(self)
+
+    # ---- transformers' Cache ----
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        while len(self.layers) <= layer_idx:
+            self.layers.append(_TieredLayer(self, len(self.layers)))
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("TieredCache holds one sequence: beam search is not supported")
+
+    # ---- kvtier ----
+
+    def report(self) -> dict:
+        """The figures of ``kvtier-run generate --json``'s report (bytes of f32 KV)."""
+        report = {
+            "policy": self.policy,
+            "hbm_ratio": self.hbm_ratio,
+            "evict_ratio": self.evict_ratio,
+            "compress_ratio": self.compress_ratio,
+            "page_tokens": self.page_tokens,
+            "codec": self.codec,
+            "daemon": self.daemon or "",
+            "daemon_backed": False,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+        }
+        if self.sequence is not None and not self.sequence.closed:
+            report.update(self.sequence.report())
+            report["daemon_backed"] = self.sequence.daemon_backed
+            report["generated_tokens"] = report["length"] - report["prompt_tokens"]
+        return report
+
+    def tiers(self, group: int = 0):
+        """Each position's tier (0..3), by its page; empty before the first forward pass."""
+        if self.sequence is None:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.from_numpy(self.sequence.tiers(group))
+
+    def scores(self, group: int = 0):
+        """Each position's cumulative attention score (frozen once evicted)."""
+        if self.sequence is None:
+            return torch.empty(0, dtype=torch.float32)
+        return torch.from_numpy(self.sequence.scores(group))
+
+    def close(self) -> None:
+        """Frees the sequence's memory now (the daemon's slots too); the cache can start over."""
+        if self.sequence is not None:
+            self.sequence.close()
+        self.sequence = None
+        self.layers = []
+
+    # ---- between update() and the attention call ----
+
+    def _length(self, layer: int) -> int:
+        if self.sequence is None or self.sequence.closed:
+            return 0
+        return self.sequence.length(layer)
+
+    def _hand_over(self, layer: int, key_states, value_states):
+        if getattr(_pending, "value", None) is not None:
+            _pending.value = None
+            raise RuntimeError(
+                "TieredCache needs the model loaded with attn_implementation='kvtier' "
+                "(import kvtier.hf first): layer "
+                f"{layer - 1}'s attention did not run through kvtier"
+            )
+        _pending.value = _Pending(self, layer, key_states)
+        return key_states, value_states
+
+    def _open(self, module, query_tokens: int, scaling: float) -> None:
+        config = module.config
+        shape = (
+            int(config.num_hidden_layers),
+            int(config.num_attention_heads),
+            int(config.num_key_value_heads),
+            int(module.head_dim),
+            float(scaling),
+        )
+        key = shape + (self.page_tokens, self.codec, self.daemon or "")
+        if self.daemon is None:
+            key += (self.local_ddr_bytes, self.local_compressed_bytes)
+        runtime = _runtime_for(
+            key,
+            lambda: _native.Runtime(
+                *shape,
+                page_tokens=self.page_tokens,
+                codec=self.codec,
+                daemon=self.daemon or "",
+                worker_name="kvtier-python",
+                ddr_bytes=self.local_ddr_bytes,
+                compressed_bytes=self.local_compressed_bytes,
+            ),
+        )
+        self.sequence = runtime.open(
+            policy=self.policy,
+            prompt_tokens=query_tokens,
+            hbm_ratio=self.hbm_ratio,
+            evict_ratio=self.evict_ratio,
+            compress_ratio=self.compress_ratio,
+            sink_tokens=self.sink_tokens,
+            window_tokens=self.window_tokens,
+            protect_prompt=self.protect_prompt,
+            retier_interval=self.retier_interval,
+            tag=self.tag,
+        )
+
+    def _attend(self, module, layer: int, query, key, value, attention_mask, scaling):
+        if query.device.type != "cpu":
+            raise TypeError(
+                f"TieredCache: the query is on {query.device}; kvtier's CPU kernel reads host "
+                "memory (the CUDA backend is the GPU path: docs/python.md)"
+            )
+        batch, heads, n, head_dim = query.shape
+        if batch != 1:
+            raise NotImplementedError(f"TieredCache holds one sequence: batch size 1, got {batch}")
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+            raise NotImplementedError("TieredCache holds one sequence: padding is not supported")
+        if self.sequence is None:
+            if layer != 0:
+                raise RuntimeError(f"TieredCache: the first forward pass began at layer {layer}")
+            self._open(module, n, scaling)
+        dtype = query.dtype
+        # The kernel computes in float32; other dtypes are converted at this edge.
+        k = key[0].detach().transpose(0, 1).to(torch.float32).contiguous()
+        v = value[0].detach().transpose(0, 1).to(torch.float32).contiguous()
+        self.sequence.append(layer, k, v)
+        q = query[0].detach().transpose(0, 1).to(torch.float32).contiguous()
+        out = torch.empty((1, n, heads, head_dim), dtype=torch.float32)
+        self.sequence.attend(layer, q, out[0])
+        return (out if dtype == torch.float32 else out.to(dtype)), None
+
+
+def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The ``"kvtier"`` attention implementation: a TieredCache's layers attend through kvtier;
+    anything else (no cache, another cache class) falls back to transformers' eager attention."""
+    pending = getattr(_pending, "value", None)
+    if pending is None or pending.key is not key:
+        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)
+    _pending.value = None
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    return pending.cache._attend(module, pending.layer, query, key, value, attention_mask, scaling)
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
