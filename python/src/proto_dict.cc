@@ -2,6 +2,7 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/util/json_util.h>
+#include <nanobind/stl/string.h>
 
 #include "absl/strings/str_cat.h"
 
