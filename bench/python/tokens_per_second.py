@@ -1,5 +1,6 @@
-"""Decode tokens/s of stock transformers (DynamicCache, eager attention) against kvtier's
-TieredCache (full, and hierarchy β 0.5 r 0.03) on the same model and prompt, in one run, with
+"""Decode tokens/s of stock transformers (DynamicCache; eager attention, and sdpa for
+reference) against kvtier's TieredCache (full, and hierarchy β 0.5 r 0.03) on the same model and
+prompt, in one run, with
 the configurations interleaved so the machine's drift hits all alike. Reports medians and
 ratios against stock eager.
 
@@ -43,6 +44,7 @@ def main() -> int:
         return_tensors="pt")["input_ids"]
     configs = {
         "stock eager (DynamicCache)": ("eager", lambda: DynamicCache(config=model.config)),
+        "stock sdpa (DynamicCache)": ("sdpa", lambda: DynamicCache(config=model.config)),
         "TieredCache full": ("kvtier", lambda: TieredCache(policy="full")),
         "TieredCache hierarchy β0.5 r0.03": (
             "kvtier", lambda: TieredCache(policy="hierarchy", hbm_ratio=0.5, evict_ratio=0.03)),

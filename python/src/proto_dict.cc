@@ -67,9 +67,20 @@ nb::object ProtoToPython(const pb::Message& message) {
 absl::Status PythonToProto(const nb::dict& dict, const char* what, pb::Message* message) {
   std::string json;
   try {
-    json = nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(dict));
+    // bytes fields travel as base64 in protobuf's JSON mapping.
+    nb::object b64 = nb::module_::import_("base64");
+    nb::object as_base64 = nb::cpp_function([b64](nb::handle o) -> nb::object {
+      if (!PyBytes_Check(o.ptr())) {
+        throw nb::type_error(
+            absl::StrCat("a ", Py_TYPE(o.ptr())->tp_name, " is not a message value").c_str());
+      }
+      return b64.attr("b64encode")(o).attr("decode")("ascii");
+    });
+    json = nb::cast<std::string>(
+        nb::module_::import_("json").attr("dumps")(dict, nb::arg("default") = as_base64));
   } catch (const nb::python_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": not JSON-serializable: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", nb::cast<std::string>(nb::str(e.value()))));
   }
   pb::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;

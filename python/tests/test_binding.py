@@ -189,6 +189,18 @@ def test_client_speaks_to_kvtierd_in_dicts(daemon):
     mine = [s for s in status["sequence_list"] if s["sequence_id"] == seq]
     assert mine and mine[0]["tag"] == "py", status["sequence_list"]
     assert isinstance(mine[0]["sequence_id"], int)  # uint64 stays an int
+    plan = client.submit_snapshot({"sequence_id": seq, "length": 8, "decode_step": 0,
+                                   "num_pages": 2, "page_scores": [0.5, 0.1],
+                                   "current_tiers": bytes([0, 0])})
+    assert plan["sequence_id"] == seq and plan["plan_version"] > 0, plan
+    assert plan["target_tiers"] == bytes([0, 0])  # all in the protected window
+    client.ack_plan(seq, plan["plan_version"])
+    with pytest.raises(kvtier.InvalidArgumentError, match="num_pages"):
+        client.submit_snapshot({"sequence_id": seq, "length": 8, "num_pages": 3,
+                                "page_scores": [0, 0, 0], "current_tiers": bytes(3),
+                                "last_plan_version": plan["plan_version"]})
+    with pytest.raises(kvtier.InvalidArgumentError, match="snapshot.*not a message value"):
+        client.submit_snapshot({"sequence_id": object()})
     client.close_sequence(seq)
     with pytest.raises(kvtier.NotFoundError):
         client.close_sequence(seq)
