@@ -24,6 +24,8 @@
 #include "worker/codecs/codec.h"
 #include "worker/device_arena.h"
 #include "worker/engine/thread_pool.h"
+#include "worker/kernels/attention_cpu.h"
+#include "worker/kernels/attention_merge.h"
 #include "worker/page_pool.h"
 #include "worker/tiered_kv_store.h"
 
@@ -275,6 +277,68 @@ void BM_DecodeAttention(benchmark::State& state) {
       100 * bytes_read / ReadBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_DecodeAttention)->ArgsProduct({{1024, 4096, 16384}, {0, 50}});
+
+// Split attention's CPU partial (issue #17): one decode query over `context` positions of T1
+// rows in pool memory (pages of 16 rows back to back, SmolLM heads, 8 layers cycled so the
+// working set is not cache resident), with the log-sum-exp and per-head weights a merge needs,
+// plus the merge with a device partial. Against the same-run bounds of BM_DecodeAttention.
+void BM_SplitAttentionPartial(benchmark::State& state) {
+  const uint32_t context = state.range(0);
+  constexpr uint32_t kHeads = 9, kKvHeads = 3, kDim = 64;
+  const size_t row = size_t{kKvHeads} * kDim;
+  static std::map<uint32_t, std::unique_ptr<HugeBuffer>> pools;
+  auto& pool = pools[context];
+  if (!pool) pool = std::make_unique<HugeBuffer>(size_t{kBenchLayers} * context * 2 * row * 4, 0);
+  const float* base = reinterpret_cast<const float*>(pool->data);
+  std::vector<std::vector<const float*>> k_rows(kBenchLayers), v_rows(kBenchLayers);
+  for (uint32_t l = 0; l < kBenchLayers; ++l) {
+    for (uint32_t p = 0; p < context; ++p) {
+      // A 16-row page stores its K rows, then its V rows.
+      const float* page = base + (size_t{l} * context + p / 16 * 16) * 2 * row;
+      k_rows[l].push_back(page + (p % 16) * row);
+      v_rows[l].push_back(page + (16 + p % 16) * row);
+    }
+  }
+  std::vector<float> q(kHeads * kDim), out(kHeads * kDim), lse(kHeads);
+  std::vector<float> head_mass(size_t{kHeads} * context), mass(context);
+  std::vector<float> scratch(kernels::AttentionScratchFloats(kHeads, context));
+  std::vector<float> device_out(kHeads * kDim, 0.5f), device_lse(kHeads, 1.f), merged(out.size());
+  FillPseudoRandom(q.data(), q.size(), 5);
+  kernels::AttentionParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.lse = lse.data();
+  p.head_mass = head_mass.data();
+  p.length = context;
+  p.num_queries = 1;
+  p.num_q_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kDim;
+  p.scale = 0.125f;
+  p.scratch = scratch.data();
+  std::vector<float> device_head_mass(head_mass.size(), 0.f);
+  uint32_t layer = 0;
+  for (auto _ : state) {
+    p.k_rows = k_rows[layer].data();
+    p.v_rows = v_rows[layer].data();
+    kernels::Attention(p);
+    const kernels::AttentionPartial parts[] = {
+        {device_out.data(), device_lse.data(), device_head_mass.data()},
+        {out.data(), lse.data(), head_mass.data()}};
+    kernels::MergeAttentionPartials(parts, {1, kHeads, kDim, context}, merged.data(), nullptr,
+                                    mass.data());
+    benchmark::DoNotOptimize(mass.data());
+    layer = (layer + 1) % kBenchLayers;
+  }
+  const double bytes_read = double(context) * 2 * row * 4;
+  const size_t ws = size_t(bytes_read) * kBenchLayers;
+  state.SetBytesProcessed(state.iterations() * bytes_read);
+  state.counters["pct_of_bound"] = benchmark::Counter(
+      100 * bytes_read / MemcpyBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_of_read_bw"] = benchmark::Counter(
+      100 * bytes_read / ReadBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_SplitAttentionPartial)->Arg(4096)->Arg(16384);
 
 // Decode attention split over a ThreadPool of range(1) threads, against the same-run bound at
 // the same thread count. Each iteration times, in wall time: Attend on one layer (position_mass

@@ -49,6 +49,13 @@ struct AttentionParams {
   uint32_t num_kv_heads = 0;  // divides num_q_heads; q head h reads kv head h / group
   uint32_t head_dim = 0;
   float scale = 0.f;
+  // Null, or [num_queries][num_q_heads]: log Σ exp(scale · q·k) over the live positions this
+  // call attended (-inf where none), so that partials over disjoint position sets merge exactly
+  // (MergeAttentionPartials: split attention over DDR).
+  float* lse = nullptr;
+  // Null, or [num_q_heads][length] (REQUIRES num_queries == 1): each head's softmax weights,
+  // position_mass before its sum over heads — what a merge rescales head by head.
+  float* head_mass = nullptr;
   // AttentionScratchFloats(num_q_heads, length) floats, 32-byte alignment not required.
   float* scratch = nullptr;
   // Null = the calling thread alone. The result does not depend on it (see the top comment).
