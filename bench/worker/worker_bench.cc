@@ -278,12 +278,66 @@ void BM_DecodeAttention(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAttention)->ArgsProduct({{1024, 4096, 16384}, {0, 50}});
 
+// The bound measured interleaved with the timed work, at its thread count: a streaming read and
+// a memcpy of the same bytes per layer (8 layers cycled, so nothing is cache resident).
+using Wall = std::chrono::steady_clock;
+double Secs(Wall::time_point a, Wall::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+class SameRunBound {
+ public:
+  SameRunBound(engine::ThreadPool& pool, size_t bytes)
+      : pool_(pool),
+        bytes_(bytes),
+        read_buf_(bytes * kBenchLayers, 3),
+        src_(bytes * kBenchLayers, 1),
+        dst_(bytes * kBenchLayers, 2) {}
+  void Sample(uint32_t layer) {
+    const auto b = Wall::now();
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(read_buf_.data + layer * bytes_);
+    pool_.ParallelFor(
+        bytes_ / 8,
+        [&](size_t lo, size_t hi) {
+          uint64_t sum = 0;
+          for (size_t i = lo; i < hi; ++i) sum += words[i];
+          total_.fetch_add(sum, std::memory_order_relaxed);
+        },
+        4096);
+    benchmark::DoNotOptimize(total_);
+    const auto c = Wall::now();
+    pool_.ParallelFor(
+        bytes_,
+        [&](size_t lo, size_t hi) {
+          std::memcpy(dst_.data + layer * bytes_ + lo, src_.data + layer * bytes_ + lo, hi - lo);
+        },
+        1 << 15);
+    benchmark::ClobberMemory();
+    const auto d = Wall::now();
+    read_ += Secs(b, c);
+    copy_ += Secs(c, d);
+  }
+  // pct_of_bound = t_memcpy / t_work; pct_of_read_bw = t_read / t_work.
+  void Report(benchmark::State& state, double work_seconds) const {
+    state.counters["pct_of_bound"] = 100 * copy_ / work_seconds;
+    state.counters["pct_of_read_bw"] = 100 * read_ / work_seconds;
+    state.counters["read_GBps"] = state.iterations() * double(bytes_) / read_ / 1e9;
+  }
+
+ private:
+  engine::ThreadPool& pool_;
+  size_t bytes_;
+  HugeBuffer read_buf_, src_, dst_;
+  std::atomic<uint64_t> total_{0};
+  double read_ = 0, copy_ = 0;
+};
+
 // Split attention's CPU partial (issue #17): one decode query over `context` positions of T1
 // rows in pool memory (pages of 16 rows back to back, SmolLM heads, 8 layers cycled so the
 // working set is not cache resident), with the log-sum-exp and per-head weights a merge needs,
 // plus the merge with a device partial. Against the same-run bounds of BM_DecodeAttention.
 void BM_SplitAttentionPartial(benchmark::State& state) {
   const uint32_t context = state.range(0);
+  engine::ThreadPool threads(static_cast<int>(state.range(1)));
   constexpr uint32_t kHeads = 9, kKvHeads = 3, kDim = 64;
   const size_t row = size_t{kKvHeads} * kDim;
   static std::map<uint32_t, std::unique_ptr<HugeBuffer>> pools;
@@ -316,9 +370,13 @@ void BM_SplitAttentionPartial(benchmark::State& state) {
   p.head_dim = kDim;
   p.scale = 0.125f;
   p.scratch = scratch.data();
+  p.runner = &threads;
   std::vector<float> device_head_mass(head_mass.size(), 0.f);
+  SameRunBound bound(threads, context * 2 * row * 4);
+  double work = 0;
   uint32_t layer = 0;
   for (auto _ : state) {
+    const auto a = Wall::now();
     p.k_rows = k_rows[layer].data();
     p.v_rows = v_rows[layer].data();
     kernels::Attention(p);
@@ -328,17 +386,19 @@ void BM_SplitAttentionPartial(benchmark::State& state) {
     kernels::MergeAttentionPartials(parts, {1, kHeads, kDim, context}, merged.data(), nullptr,
                                     mass.data());
     benchmark::DoNotOptimize(mass.data());
+    const double t = Secs(a, Wall::now());
+    bound.Sample(layer);
+    state.SetIterationTime(t);
+    work += t;
     layer = (layer + 1) % kBenchLayers;
   }
-  const double bytes_read = double(context) * 2 * row * 4;
-  const size_t ws = size_t(bytes_read) * kBenchLayers;
-  state.SetBytesProcessed(state.iterations() * bytes_read);
-  state.counters["pct_of_bound"] = benchmark::Counter(
-      100 * bytes_read / MemcpyBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["pct_of_read_bw"] = benchmark::Counter(
-      100 * bytes_read / ReadBandwidth(ws), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetBytesProcessed(state.iterations() * context * 2 * row * 4);
+  bound.Report(state, work);
 }
-BENCHMARK(BM_SplitAttentionPartial)->Arg(4096)->Arg(16384);
+BENCHMARK(BM_SplitAttentionPartial)
+    ->ArgNames({"context", "threads"})
+    ->ArgsProduct({{4096, 16384}, {1, 2}})
+    ->UseManualTime();
 
 // Decode attention split over a ThreadPool of range(1) threads, against the same-run bound at
 // the same thread count. Each iteration times, in wall time: Attend on one layer (position_mass
@@ -357,50 +417,22 @@ void BM_DecodeAttentionThreads(benchmark::State& state) {
   std::vector<float> q(9 * 64), out(9 * 64), mass(context);
   FillPseudoRandom(q.data(), q.size(), 3);
   const size_t bytes = size_t{context} * 2 * 3 * 64 * 4;  // K and V of one layer
-  HugeBuffer read_buf(bytes * kBenchLayers, 3), src(bytes * kBenchLayers, 1),
-      dst(bytes * kBenchLayers, 2);
-  using Wall = std::chrono::steady_clock;
-  auto secs = [](Wall::time_point a, Wall::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  };
-  double att = 0, rd = 0, cp = 0;
+  SameRunBound bound(pool, bytes);
+  double att = 0;
   uint32_t layer = 0;
-  std::atomic<uint64_t> total{0};
   for (auto _ : state) {
     const auto a = Wall::now();
     (void)bed.store->Attend(layer, q.data(), 1, out.data(), mass.data());
-    const auto b = Wall::now();
-    const uint64_t* words = reinterpret_cast<const uint64_t*>(read_buf.data + layer * bytes);
-    pool.ParallelFor(
-        bytes / 8,
-        [&](size_t lo, size_t hi) {
-          uint64_t sum = 0;
-          for (size_t i = lo; i < hi; ++i) sum += words[i];
-          total.fetch_add(sum, std::memory_order_relaxed);
-        },
-        4096);
-    benchmark::DoNotOptimize(total);
-    const auto c = Wall::now();
-    pool.ParallelFor(
-        bytes,
-        [&](size_t lo, size_t hi) {
-          std::memcpy(dst.data + layer * bytes + lo, src.data + layer * bytes + lo, hi - lo);
-        },
-        1 << 15);
-    benchmark::ClobberMemory();
-    const auto d = Wall::now();
-    state.SetIterationTime(secs(a, b));
-    att += secs(a, b);
-    rd += secs(b, c);
-    cp += secs(c, d);
+    const double t = Secs(a, Wall::now());
+    bound.Sample(layer);
+    state.SetIterationTime(t);
+    att += t;
     layer = (layer + 1) % kBenchLayers;
   }
   bed.store->SetTaskRunner(nullptr);
   SetT1Share(bed, 0);
   state.SetBytesProcessed(state.iterations() * bytes);
-  state.counters["pct_of_bound"] = 100 * cp / att;
-  state.counters["pct_of_read_bw"] = 100 * rd / att;
-  state.counters["read_GBps"] = state.iterations() * double(bytes) / rd / 1e9;
+  bound.Report(state, att);
 }
 BENCHMARK(BM_DecodeAttentionThreads)
     ->ArgNames({"context", "threads", "t1_pct"})
