@@ -13,10 +13,10 @@ ratios of one run mean anything.
 llama.cpp comes from llama-cpp-python built from source in a virtual environment OUTSIDE the
 repository (it is not a project dependency; nothing fetched is committed):
 
-  python3 -m venv /work/llama-venv
+  python3 -m venv $LLAMA_VENV
   CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=1 \\
-      /work/llama-venv/bin/pip install llama-cpp-python numpy
-  /work/llama-venv/bin/python bench/engine/llama_cpp_long_context.py \\
+      $LLAMA_VENV/bin/pip install llama-cpp-python numpy
+  $LLAMA_VENV/bin/python bench/engine/llama_cpp_long_context.py \\
       --run build/bin/long_context_run --contexts 512,2048,8192 --threads 1,2 --rounds 3
 
 llama.cpp runs with llama-cpp-python's defaults (f16 KV cache, flash attention off), n_ctx = C
