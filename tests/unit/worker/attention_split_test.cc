@@ -3,19 +3,22 @@
 // Bounds (fp32, errors relative to the largest |output| of their head: an element near 0 has no
 // relative digits): against the same attention in f64, the split output's error is at most
 // twice the unsplit kernel's own plus 1e-6 (each part rounds like the whole; the merge adds
-// ~1 ulp), so split and unsplit differ by at most three times it plus 1e-6. The unsplit kernel itself is ~4e-6 from f64 at 16K positions,
-// so "within 1e-6 of the unsplit output" cannot hold at long contexts for any reordering (figures
-// in docs/scheduling.md). Log-sum-exp within 1e-6 relative, each position's mass within 1e-6.
+// ~1 ulp), so split and unsplit differ by at most three times it plus 1e-6. The unsplit kernel
+// itself is ~4e-6 from f64 at 16K positions, so "within 1e-6 of the unsplit output" cannot hold at
+// long contexts for any reordering (figures in docs/scheduling.md). Log-sum-exp within 1e-6
+// relative, each position's mass within 1e-6.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/kernels/attention_cpu.h"
 #include "worker/kernels/attention_merge.h"
+#include "worker/kernels/task_runner.h"
 
 namespace kvtier::worker::kernels {
 namespace {
@@ -49,8 +52,18 @@ struct Result {
   std::vector<float> out, lse, mass, head_mass;
 };
 
+// Claims two threads but runs tasks on the caller in reverse order: the threaded path, with a
+// task order that would show any dependence on it.
+class ReverseRunner final : public TaskRunner {
+ public:
+  int concurrency() const override { return 2; }
+  void Run(uint32_t n, const std::function<void(uint32_t)>& task) override {
+    for (uint32_t i = n; i-- > 0;) task(i);
+  }
+};
+
 // Attention over the positions where `take` is true (all when empty), one query at the end.
-Result Attend(const Cache& c, const std::vector<bool>& take) {
+Result Attend(const Cache& c, const std::vector<bool>& take, TaskRunner* runner = nullptr) {
   std::vector<const float*> k = c.k_rows, v = c.v_rows;
   for (uint32_t p = 0; p < c.length && !take.empty(); ++p) {
     if (!take[p]) k[p] = v[p] = nullptr;
@@ -76,6 +89,7 @@ Result Attend(const Cache& c, const std::vector<bool>& take) {
   p.head_dim = c.head_dim;
   p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   p.scratch = scratch.data();
+  p.runner = runner;
   Attention(p);
   return r;
 }
@@ -194,6 +208,17 @@ TEST(AttentionSplitTest, RandomShapesAndSplitsStayWithinTheBound) {
     EXPECT_LE(w.lse, 1e-6);
     EXPECT_LE(w.mass, 1e-6);
   }
+}
+
+TEST(AttentionSplitTest, ThreadedKernelGivesTheSameLseAndHeadWeights) {
+  const Cache c = MakeCache(9, 3, 64, 2051, 4, 0.1);
+  const std::vector<bool> half = InPlacePages(2051, 16, 0.5, 4);
+  ReverseRunner runner;
+  const Result serial = Attend(c, half), threaded = Attend(c, half, &runner);
+  EXPECT_EQ(serial.out, threaded.out);
+  EXPECT_EQ(serial.lse, threaded.lse);
+  EXPECT_EQ(serial.head_mass, threaded.head_mass);
+  EXPECT_EQ(serial.mass, threaded.mass);
 }
 
 TEST(AttentionSplitTest, APartWithNothingLiveContributesNothing) {
