@@ -55,7 +55,7 @@ def reference(tmp_path, data, mode="tiered") -> list[tuple[np.ndarray, np.ndarra
 SIZES = [37, 1, 1, 5, 1, 1, 1, 1]  # a prefill, then decode steps
 # Through kvtierd plans come back in the background and apply at the first step after they
 # arrive: steps paced like a model's (DAEMON_STEP_S) give them time to.
-DAEMON_SIZES = [37] + [1] * 24
+DAEMON_SIZES = [37] + [1] * 40
 DAEMON_STEP_S = 0.005
 
 

@@ -42,8 +42,10 @@ def test_hierarchy_logits_are_bit_identical_to_full(hf_model, where, request):
     t0, t1, t2, t3 = report["tokens_by_tier"]
     assert t2 == 0 and t3 == 0, report
     # T0 holds about half the live tokens; the rest really left it (into DDR) and was read there.
-    assert t0 <= live // 2 + OFFLOAD["page_tokens"], report
-    assert t1 >= live // 2 - OFFLOAD["page_tokens"] and t1_seen > 0, report
+    # Slack of one re-tiering interval: through kvtierd the last plan may still be on its way.
+    slack = OFFLOAD["page_tokens"] + OFFLOAD["retier_interval"]
+    assert t0 <= live // 2 + slack, report
+    assert t1 >= live // 2 - slack and t1_seen > 0, report
     assert report["ddr_bytes"] > 0 and report["offload_bytes"] > 0, report
     assert report["t0_peak_bytes"] < full.report()["t0_peak_bytes"], report
     assert report["daemon_backed"] == (where == "kvtierd"), report
