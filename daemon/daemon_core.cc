@@ -230,10 +230,6 @@ uint64_t DaemonCoreImpl::FreeSequenceLocked(WorkerRec& w, uint64_t sequence_id) 
     freed += slot.valid() ? 1 : 0;
     ReleaseLocked(w, slot);
   }
-  for (Slot& slot : s.granting) {  // a snapshot in progress granted them; it will give up
-    freed += slot.valid() ? 1 : 0;
-    ReleaseLocked(w, slot);
-  }
   s.closed = true;
   if (s.pending.has_value()) {
     for (PendingMove& m : s.pending->moves) {

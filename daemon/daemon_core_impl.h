@@ -96,16 +96,35 @@ struct SequenceRec {
   uint64_t last_applied = 0;     // last plan applied
   uint64_t next_version = 1;
   std::optional<PendingPlan> pending;
-  // Destinations granted to the plan being built, held here (not by the snapshot in progress)
-  // from the grant until the plan is recorded as pending, so that freeing the sequence
-  // meanwhile releases them. Parallel to placement.tiers; valid where granted.
-  std::vector<Slot> granting;
   bool closed = false;       // freed by the registry; a snapshot in progress gives up
   PlacementFigures figures;  // of the acknowledged placement
   // Serializes this sequence's snapshots, and is held across the policy decision, which runs
-  // without the core's mu_. Only SubmitSnapshot takes it. Lock order: plan_mu, then mu_. Every
-  // field above is guarded by the core's mu_.
+  // without the core's mu_. Only SubmitSnapshot takes it. Lock order: plan_mu, then mu_ (under
+  // mu_ it is only ever tried, never waited for). Every field above is guarded by the core's mu_.
   absl::Mutex plan_mu;
+};
+
+// Holds a SequenceRec::plan_mu taken by TryLock or Lock; releases it on destruction.
+class PlanLock {
+ public:
+  PlanLock() = default;
+  PlanLock(const PlanLock&) = delete;
+  PlanLock& operator=(const PlanLock&) = delete;
+  ~PlanLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (mu_ != nullptr) mu_->Unlock();
+  }
+  bool TryLock(absl::Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (mu->TryLock()) mu_ = mu;
+    return held();
+  }
+  void Lock(absl::Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    mu->Lock();
+    mu_ = mu;
+  }
+  bool held() const { return mu_ != nullptr; }
+
+ private:
+  absl::Mutex* mu_ = nullptr;
 };
 
 // Test seams of the core (CoreOptions carries none: these are for tests only).
@@ -116,9 +135,9 @@ struct CoreHooks {
 };
 
 // Thread-safe. One mutex (mu_) guards the registry, the pools and every record; each sequence's
-// plan_mu serializes its snapshots, whose policy decision and wire plan are computed with mu_
-// released, so that heartbeats, acks, status and other sequences' snapshots never wait for a
-// decision. Lock order: SequenceRec::plan_mu, then mu_ (pools have no locks).
+// plan_mu serializes its snapshots, whose policy decision is computed with mu_ released, so that
+// heartbeats, acks, status and other sequences' snapshots never wait for a decision. Lock order:
+// SequenceRec::plan_mu, then mu_ (pools have no locks).
 class DaemonCoreImpl final : public DaemonCore {
  public:
   DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics, uint64_t epoch,
@@ -156,7 +175,7 @@ class DaemonCoreImpl final : public DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::OpenSequenceResponse> OpenLocked(const v1::OpenSequenceRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SubmitSnapshot's phases (daemon_snapshot.cc). `prep` carries what the unlocked phases need.
+  // SubmitSnapshot's phases (daemon_snapshot.cc). `prep` carries what the unlocked phase needs.
   struct Prepared;
   absl::StatusOr<v1::TierPlan> Snapshot(const v1::SubmitSnapshotRequest& r);
   // Authenticates, settles a carried ack, answers a replay, validates and grows the record:
@@ -172,17 +191,16 @@ class DaemonCoreImpl final : public DaemonCore {
   // Makes one charged spare of `budget` (slow: memfd, fallocate) and files it. REQUIRES: mu_ not
   // held, one BeginSpare charged.
   bool MakeSpare(PoolBudget& budget) ABSL_LOCKS_EXCLUDED(mu_);
-  // Grants the target's destinations into s.granting (degrading `prep.target` where short) and
-  // copies the slot offsets the wire plan names.
-  absl::Status GrantPhaseLocked(SequenceRec& s, Prepared& prep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ordered moves, figures and the wire plan (no lock: reads only `prep`). RESOURCE_EXHAUSTED
-  // when the plan would exceed the message limit.
-  static absl::Status BuildPlan(Prepared& prep, v1::TierPlan& plan);
-  void CountPlan(const Prepared& prep) const;  // metrics_ must be set
-  // Records the built plan as the one in flight; frees s.granting when `refusal` is not OK.
-  absl::Status RecordLocked(SequenceRec& s, Prepared& prep, absl::Status refusal,
-                            std::shared_ptr<const v1::TierPlan> sent)
+  // Grants the target's destinations (degrading `prep`'s target where short), builds the wire
+  // plan and records it as the plan in flight. NOT_FOUND when the sequence was freed meanwhile.
+  absl::StatusOr<std::shared_ptr<const v1::TierPlan>> PlanLocked(SequenceRec& s, Prepared& prep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ordered moves, figures and the wire plan. RESOURCE_EXHAUSTED when the plan would exceed the
+  // message limit (then nothing is recorded).
+  absl::Status BuildPlanLocked(const WorkerRec& w, const SequenceRec& s,
+                               const std::vector<Slot>& dst, Prepared& prep, v1::TierPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountPlan(const Prepared& prep) const;  // metrics_ must be set
   absl::StatusOr<v1::AckPlanResponse> AckLocked(const v1::AckPlanRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::CloseSequenceResponse> CloseLocked(const v1::CloseSequenceRequest& r)

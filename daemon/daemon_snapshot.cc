@@ -255,9 +255,6 @@ struct DaemonCoreImpl::Prepared {
   Placement current;  // the acknowledged placement, grown to the snapshot
   Decision decision;  // decision.target: degraded in place by the grant
   Shortage shortage;
-  // Per page (like the placement), for pages the target moves: the slot offsets the plan names.
-  std::vector<uint64_t> src_offset, dst_offset;
-  uint32_t ddr_extents = 0, compressed_extents = 0;
   absl::Span<const float> scores;  // the request's
   uint64_t max_plan_bytes = 0;
   std::vector<tiering::Move> moves;
@@ -275,23 +272,30 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
   return Count(Metrics::Rpc::kSubmitSnapshot, std::move(plan));
 }
 
-// Five phases, only the short ones under mu_: (1, locked) authenticate, settle a carried ack,
-// answer a replay, validate, grow; (2) the policy decision; (3, locked) grant destinations;
-// (4) ordered moves, figures and the wire plan; (5, locked) record the plan in flight. The
-// sequence's plan_mu is held throughout, so its record changes meanwhile only by being freed
-// (an ack needs a plan in flight, and there is none until phase 5), which phases 3 and 5 notice.
+// Three phases, two under mu_: (1) authenticate, settle a carried ack, answer a replay,
+// validate, grow, copy what the policy needs; (2, no lock) the policy decision; (3) grant
+// destinations, order the moves, build the wire plan and record it in flight (new extents are
+// made before it, without the lock). The sequence's plan_mu is held from (1) to the end, so
+// between (1) and (3) its record changes only by being freed (an ack needs a plan in flight,
+// and there is none until (3)), which (3) notices.
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRequest& r) {
+  const uint64_t fingerprint = Fingerprint(r);
   std::shared_ptr<SequenceRec> seq;
+  PlanLock plan_lock;
+  Prepared prep;
+  std::shared_ptr<const v1::TierPlan> replay;
   {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
     ASSIGN_OR_RETURN(seq, FindSequenceLocked(*w, r.sequence_id()));
+    // Mostly free: taken without blocking under mu_ (which the lock order would not allow).
+    if (plan_lock.TryLock(&seq->plan_mu)) {
+      RETURN_IF_ERROR(PrepareLocked(r, fingerprint, *seq, prep, replay));
+    }
   }
-  absl::MutexLock plan_lock(&seq->plan_mu);
-  const uint64_t fingerprint = Fingerprint(r);
-  Prepared prep;
-  std::shared_ptr<const v1::TierPlan> replay;
-  {
+  if (!plan_lock.held()) {
+    // Another snapshot of this sequence is being decided (a resubmission): wait for it.
+    plan_lock.Lock(&seq->plan_mu);
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(PrepareLocked(r, fingerprint, *seq, prep, replay));
   }
@@ -303,13 +307,14 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
                                                   prep.current, prep.scores));
   // New extents are made without the lock first (at most twice; a grant that still finds no
   // spare, raced away by another sequence's, makes its own under the lock).
-  for (int round = 0;; ++round) {
+  std::shared_ptr<const v1::TierPlan> plan;
+  for (int round = 0; plan == nullptr; ++round) {
     std::array<uint32_t, 2> make{};
     {
       absl::MutexLock lock(&mu_);
       if (round < 2) make = ExtentsToMakeLocked(*seq, prep);
       if (make[0] + make[1] == 0) {
-        RETURN_IF_ERROR(GrantPhaseLocked(*seq, prep));
+        ASSIGN_OR_RETURN(plan, PlanLocked(*seq, prep));
         break;
       }
     }
@@ -317,16 +322,8 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
       for (uint32_t k = 0; k < make[p]; ++k) MakeSpare(*pools_[p]);
     }
   }
-  v1::TierPlan plan;
-  absl::Status refusal = BuildPlan(prep, plan);
-  std::shared_ptr<const v1::TierPlan> sent;
-  if (refusal.ok()) sent = std::make_shared<const v1::TierPlan>(plan);
-  {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(RecordLocked(*seq, prep, std::move(refusal), std::move(sent)));
-  }
   if (metrics_ != nullptr) CountPlan(prep);
-  return plan;
+  return *plan;
 }
 
 absl::Status DaemonCoreImpl::PrepareLocked(const v1::SubmitSnapshotRequest& r, uint64_t fingerprint,
@@ -411,29 +408,42 @@ bool DaemonCoreImpl::MakeSpare(PoolBudget& budget) {
   return ok;
 }
 
-absl::Status DaemonCoreImpl::GrantPhaseLocked(SequenceRec& s, Prepared& prep) {
+absl::StatusOr<std::shared_ptr<const v1::TierPlan>> DaemonCoreImpl::PlanLocked(SequenceRec& s,
+                                                                               Prepared& prep) {
   if (s.closed) return Closed(s.id);
   WorkerRec& w = workers_.at(s.worker_id);  // an open sequence's worker is registered
-  s.granting = GrantDestinationsLocked(w, s, prep.scores, prep.decision.target, &prep.shortage);
-  const size_t n = s.placement.tiers.size();
-  prep.src_offset.assign(n, 0);
-  prep.dst_offset.assign(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (prep.decision.target.tiers[i] == s.placement.tiers[i]) continue;
-    if (s.slots[i].valid()) prep.src_offset[i] = s.slots[i].offset();
-    if (s.granting[i].valid()) prep.dst_offset[i] = s.granting[i].offset();
+  Placement& target = prep.decision.target;
+  std::vector<Slot> dst = GrantDestinationsLocked(w, s, prep.scores, target, &prep.shortage);
+  auto plan = std::make_shared<v1::TierPlan>();
+  absl::Status built = BuildPlanLocked(w, s, dst, prep, *plan);
+  if (!built.ok()) {
+    for (Slot& slot : dst) ReleaseLocked(w, slot);
+    UpdateGaugesLocked();
+    return built;
   }
-  prep.ddr_extents = w.memory[0]->num_extents();
-  prep.compressed_extents = w.memory[1]->num_extents();
+  PendingPlan pending;
+  pending.version = prep.version;
+  pending.moves.reserve(prep.moves.size());
+  for (const tiering::Move& m : prep.moves) {
+    const size_t i = size_t{m.group} * s.placement.num_pages + m.page;
+    pending.moves.push_back({m, std::move(dst[i])});
+  }
+  pending.figures = prep.figures;
+  pending.sent = plan;
+  pending.snapshot_fingerprint = prep.fingerprint;
+  s.pending = std::move(pending);
+  ++s.next_version;
   UpdateGaugesLocked();
-  return absl::OkStatus();
+  return plan;
 }
 
-absl::Status DaemonCoreImpl::BuildPlan(Prepared& prep, v1::TierPlan& plan) {
-  const Placement& current = prep.current;
+absl::Status DaemonCoreImpl::BuildPlanLocked(const WorkerRec& w, const SequenceRec& s,
+                                             const std::vector<Slot>& dst, Prepared& prep,
+                                             v1::TierPlan& plan) {
+  const Placement& current = s.placement;
   const Placement& target = prep.decision.target;
   ASSIGN_OR_RETURN(prep.moves, OrderedMoves(current, target));
-  plan.set_sequence_id(prep.sequence_id);
+  plan.set_sequence_id(s.id);
   plan.set_plan_version(prep.version);
   std::string* target_tiers = plan.mutable_target_tiers();
   target_tiers->resize(target.tiers.size());
@@ -452,16 +462,16 @@ absl::Status DaemonCoreImpl::BuildPlan(Prepared& prep, v1::TierPlan& plan) {
     plan.add_move_page(m.page);
     from_bytes->push_back(static_cast<char>(m.from));
     to_bytes->push_back(static_cast<char>(m.to));
-    plan.add_move_dst_slot(prep.dst_offset[i]);
-    plan.add_move_src_slot(prep.src_offset[i]);
+    plan.add_move_dst_slot(dst[i].valid() ? dst[i].offset() : 0);
+    plan.add_move_src_slot(s.slots[i].valid() ? s.slots[i].offset() : 0);
   }
   if (prep.shortage.total() > 0) {
     plan.set_degraded(true);
     plan.set_degraded_reason(DegradedReason(prep.shortage));
   }
   plan.set_protected_overflow(prep.decision.protected_overflow);
-  plan.set_ddr_extents(prep.ddr_extents);
-  plan.set_compressed_extents(prep.compressed_extents);
+  plan.set_ddr_extents(w.memory[0]->num_extents());
+  plan.set_compressed_extents(w.memory[1]->num_extents());
   prep.figures = ComputeFigures(prep.geometry, target, prep.prompt_tokens, prep.length);
   prep.figures.ToProto(plan.mutable_report());
   // Never record a plan that could not be sent.
@@ -486,33 +496,6 @@ void DaemonCoreImpl::CountPlan(const Prepared& prep) const {
   if (prep.decision.protected_overflow) metrics_->CountProtectedOverflow();
 }
 
-absl::Status DaemonCoreImpl::RecordLocked(SequenceRec& s, Prepared& prep, absl::Status refusal,
-                                          std::shared_ptr<const v1::TierPlan> sent) {
-  if (s.closed) return Closed(s.id);  // freeing the sequence released s.granting
-  WorkerRec& w = workers_.at(s.worker_id);
-  if (!refusal.ok()) {
-    for (Slot& slot : s.granting) ReleaseLocked(w, slot);
-    s.granting = std::vector<Slot>();
-    UpdateGaugesLocked();
-    return refusal;
-  }
-  PendingPlan pending;
-  pending.version = prep.version;
-  pending.moves.reserve(prep.moves.size());
-  for (const tiering::Move& m : prep.moves) {
-    const size_t i = size_t{m.group} * s.placement.num_pages + m.page;
-    pending.moves.push_back({m, std::move(s.granting[i])});
-  }
-  for (Slot& slot : s.granting) ReleaseLocked(w, slot);  // none: every grant is a move's
-  s.granting = std::vector<Slot>();
-  pending.figures = prep.figures;
-  pending.sent = std::move(sent);
-  pending.snapshot_fingerprint = prep.fingerprint;
-  s.pending = std::move(pending);
-  ++s.next_version;
-  UpdateGaugesLocked();
-  return absl::OkStatus();
-}
 absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckPlan(const v1::AckPlanRequest& request) {
   absl::MutexLock lock(&mu_);
   return Count(Metrics::Rpc::kAckPlan, AckLocked(request));
@@ -593,9 +576,6 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
           }
           held[PoolOf(s.slots[i])] += s.slots[i].bytes();
         }
-      }
-      for (const Slot& slot : s.granting) {
-        if (slot.valid()) held[PoolOf(slot)] += slot.bytes();
       }
       if (s.pending.has_value()) {
         for (const PendingMove& m : s.pending->moves) {

@@ -297,15 +297,23 @@ int main(int argc, char** argv) {
   app.add_option("--ddr-mib", ddr_mib, "DDR pool size (small: measures degraded plans)")
       ->capture_default_str();
   app.add_option("--compressed-mib", compressed_mib, "Compressed pool size")->capture_default_str();
+  int policy_threads = -1;
+  app.add_option(
+         "--policy-threads", policy_threads,
+         "kvtierd's server.policy_threads (-1: its default; 0: snapshots on gRPC's threads)")
+      ->check(CLI::Range(-1, 64));
   CLI11_PARSE(app, argc, argv);
   const int metrics_port = *testing::FreeLoopbackPort();
   const std::string metrics = absl::StrCat("127.0.0.1:", metrics_port);
 
-  auto daemon =
-      testing::DaemonProcess::Start({.config_text = "[limits]\nmax_sequences_per_worker = 4096\n",
-                                     .metrics_address = metrics,
-                                     .ddr_mib = ddr_mib,
-                                     .compressed_mib = compressed_mib});
+  auto daemon = testing::DaemonProcess::Start(
+      {.config_text = absl::StrCat(
+           policy_threads >= 0 ? absl::StrCat("[server]\npolicy_threads = ", policy_threads, "\n")
+                               : "",
+           "[limits]\nmax_sequences_per_worker = 4096\n"),
+       .metrics_address = metrics,
+       .ddr_mib = ddr_mib,
+       .compressed_mib = compressed_mib});
   if (!daemon.ok()) {
     std::fprintf(stderr, "%s\n", daemon.status().ToString().c_str());
     return 1;
