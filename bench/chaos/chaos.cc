@@ -8,6 +8,7 @@
 // Figures come from the daemon's /metrics (this process never speaks gRPC, so it can fork).
 //
 //   kvtier-chaos [--workers 6] [--kills 20] [--stalls 2] [--restarts 1] [--ttl-ms 1000]
+//   kvtier-chaos --soak 600 [--workers 32] [--sequences 8]   (no faults: bench/chaos/soak.h)
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -21,10 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/chaos/soak.h"
 #include "tests/integration/support/daemon_process.h"
 #include "tests/integration/support/http_get.h"
 #include "tests/integration/support/sim_worker.h"
@@ -69,21 +69,6 @@ pid_t SpawnWorker(const std::string& address, uint64_t seed) {
   pid_t pid = fork();
   if (pid == 0) WorkerMain(address, seed);
   return pid;
-}
-
-// One gauge or counter from the daemon's /metrics, summed over its label sets.
-double Metric(int port, const std::string& name) {
-  auto r = HttpGet(port, "/metrics", absl::Seconds(2));
-  if (!r.ok()) return -1;
-  double sum = 0;
-  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
-    if (!absl::StartsWith(line, name) || line.size() <= name.size()) continue;
-    const char next = line[name.size()];
-    if (next != ' ' && next != '{') continue;
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
-  }
-  return sum;
 }
 
 double Percentile(std::vector<double> v, double q) {
@@ -160,13 +145,13 @@ int Run(const Options& o) {
       }
       if (ready.empty()) continue;
       auto it = workers.find(ready[rng() % ready.size()]);
-      const double expired = Metric(port, "kvtier_lease_expirations_total");
+      const double expired = ScrapeMetric(port, "kvtier_lease_expirations_total");
       it->second.killed = true;
       kill(it->first, SIGKILL);
       const absl::Time t0 = absl::Now();
       ++kills;
       while (absl::Now() - t0 < absl::Milliseconds(o.ttl_ms * 3)) {
-        if (Metric(port, "kvtier_lease_expirations_total") > expired) {
+        if (ScrapeMetric(port, "kvtier_lease_expirations_total") > expired) {
           reclaim_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
           break;
         }
@@ -191,7 +176,7 @@ int Run(const Options& o) {
   }
   absl::SleepFor(absl::Seconds(1));
   reap_children();
-  const double plans = Metric(port, "kvtier_snapshots_total");
+  const double plans = ScrapeMetric(port, "kvtier_snapshots_total");
   // Every worker gone: after TTL + 1 s nothing may be left.
   respawn = false;
   for (auto& [pid, w] : workers) {
@@ -200,9 +185,9 @@ int Run(const Options& o) {
   }
   absl::SleepFor(absl::Milliseconds(o.ttl_ms + 1000));
   reap_children();
-  const double left_workers = Metric(port, "kvtier_registry_workers");
-  const double left_used = Metric(port, "kvtier_pool_used_bytes");
-  const double left_reserved = Metric(port, "kvtier_pool_reserved_bytes");
+  const double left_workers = ScrapeMetric(port, "kvtier_registry_workers");
+  const double left_used = ScrapeMetric(port, "kvtier_pool_used_bytes");
+  const double left_reserved = ScrapeMetric(port, "kvtier_pool_reserved_bytes");
   const double ttl1 = o.ttl_ms + 1000;
   const double p99 = Percentile(reclaim_ms, 0.99);
   const double max =
@@ -250,6 +235,31 @@ int main(int argc, char** argv) {
   app.add_option("--ttl-ms", o.ttl_ms, "Lease TTL")
       ->check(CLI::Range(200, 60000))
       ->capture_default_str();
+  kvtier::testing::SoakOptions soak;
+  app.add_option("--soak", soak.seconds,
+                 "Soak instead of faults: seconds of W workers x --sequences, no faults")
+      ->check(CLI::Range(10, 86400));
+  app.add_option("--sequences", soak.sequences, "Sequences per worker (--soak)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--max-rss-growth", soak.max_rss_growth,
+                 "Largest daemon RSS growth after the first minute (--soak)")
+      ->check(CLI::Range(0.0, 10.0))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (app.count("--soak") > 0) {
+    if (app.count("--kills") + app.count("--stalls") + app.count("--restarts") > 0) {
+      std::fprintf(stderr,
+                   "kvtier-chaos: --soak injects no faults; drop --kills, --stalls and "
+                   "--restarts\n");
+      return 2;
+    }
+    soak.workers = app.count("--workers") > 0 ? o.workers : 32;
+    return kvtier::testing::RunSoak(soak);
+  }
+  if (app.count("--sequences") + app.count("--max-rss-growth") > 0) {
+    std::fprintf(stderr, "kvtier-chaos: --sequences and --max-rss-growth need --soak\n");
+    return 2;
+  }
   return kvtier::testing::Run(o);
 }
