@@ -242,6 +242,17 @@ int Serve(const Flags& flags, DaemonConfig config) {
   log.Info(absl::StrCat("pools ready: DDR ", config.core.ddr_pool_bytes >> 20, " MiB, compressed ",
                         config.core.compressed_pool_bytes >> 20, " MiB"));
 
+  // The memory channel listens before the gRPC socket does: a worker that connects as soon as
+  // the socket accepts says hello on the channel next.
+  const std::string channel_path = edge::ChannelPathFor(config.server.socket_path);
+  absl::StatusOr<edge::UniqueFd> channel =
+      edge::ListenChannel(channel_path, config.core.shm_mode, *pool_gid);
+  if (!channel.ok()) {
+    log.Error(absl::StrCat("cannot open the memory channel: ", channel.status().message()));
+    return 1;
+  }
+  auto channel_server = std::make_unique<ChannelServer>(
+      *std::move(channel), core->get(), [&log](const std::string& m) { log.Debug(m); });
   KvTierService service(core->get(), config.policy, config.server.policy_threads);
   grpc::ServerBuilder builder;
   // Never share a TCP port with another process (a second daemon must fail, not split load).
@@ -269,15 +280,6 @@ int Serve(const Flags& flags, DaemonConfig config) {
     log.Error(absl::StrCat("refusing to serve: ", s.message()));
     return 1;
   }
-  const std::string channel_path = edge::ChannelPathFor(config.server.socket_path);
-  absl::StatusOr<edge::UniqueFd> channel =
-      edge::ListenChannel(channel_path, config.core.shm_mode, *pool_gid);
-  if (!channel.ok()) {
-    log.Error(absl::StrCat("cannot open the memory channel: ", channel.status().message()));
-    return 1;
-  }
-  auto channel_server = std::make_unique<ChannelServer>(
-      *std::move(channel), core->get(), [&log](const std::string& m) { log.Debug(m); });
   log.Info(absl::StrCat("listening on unix:", config.server.socket_path,
                         tcp_port ? absl::StrCat(" and ", config.server.tcp_address) : "",
                         "; memory channel ", channel_path));
