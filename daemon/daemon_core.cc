@@ -110,9 +110,10 @@ bool InGroup(const edge::PeerCredentials& peer, gid_t gid) {
 }  // namespace
 
 DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics,
-                               uint64_t epoch)
+                               uint64_t epoch, CoreHooks hooks)
     : clock_(clock),
       metrics_(metrics),
+      hooks_(std::move(hooks)),
       epoch_(epoch),
       start_(clock->Now()),
       // Ids of different daemon lifetimes do not collide: they start at an epoch-derived base.
@@ -170,17 +171,17 @@ absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
   return &it->second;
 }
 
-absl::StatusOr<SequenceRec*> DaemonCoreImpl::FindSequenceLocked(const WorkerRec& w,
-                                                                uint64_t sequence_id) {
+absl::StatusOr<std::shared_ptr<SequenceRec>> DaemonCoreImpl::FindSequenceLocked(
+    const WorkerRec& w, uint64_t sequence_id) {
   auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) {
     return absl::NotFoundError(absl::StrCat("sequence_id ", sequence_id, " not found"));
   }
-  if (it->second.worker_id != w.id) {
+  if (it->second->worker_id != w.id) {
     return absl::PermissionDeniedError(absl::StrCat(
         "sequence_id ", sequence_id, " belongs to another worker, not worker_id ", w.id));
   }
-  return &it->second;
+  return it->second;
 }
 
 std::optional<Slot> DaemonCoreImpl::GrantLocked(WorkerRec& w, Tier tier, bool count_failures,
@@ -223,12 +224,13 @@ void DaemonCoreImpl::ReleaseLocked(WorkerRec& w, Slot& slot) {
 uint64_t DaemonCoreImpl::FreeSequenceLocked(WorkerRec& w, uint64_t sequence_id) {
   auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return 0;
-  SequenceRec& s = it->second;
+  SequenceRec& s = *it->second;
   uint64_t freed = 0;
   for (Slot& slot : s.slots) {
     freed += slot.valid() ? 1 : 0;
     ReleaseLocked(w, slot);
   }
+  s.closed = true;
   if (s.pending.has_value()) {
     for (PendingMove& m : s.pending->moves) {
       freed += m.dst.valid() ? 1 : 0;
@@ -470,7 +472,8 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
     return absl::ResourceExhaustedError(
         absl::StrCat("the node has ", sequences_.size(), " open sequences: limits.max_sequences"));
   }
-  SequenceRec s;
+  auto rec = std::make_shared<SequenceRec>();
+  SequenceRec& s = *rec;
   s.id = next_sequence_id_++;
   s.worker_id = w->id;
   s.tag = r.tag();
@@ -481,7 +484,7 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
   w->sequences.insert(s.id);
   v1::OpenSequenceResponse resp;
   resp.set_sequence_id(s.id);
-  sequences_.emplace(s.id, std::move(s));
+  sequences_.emplace(s.id, std::move(rec));
   UpdateGaugesLocked();
   return resp;
 }
@@ -495,7 +498,7 @@ absl::StatusOr<v1::CloseSequenceResponse> DaemonCoreImpl::CloseSequence(
 absl::StatusOr<v1::CloseSequenceResponse> DaemonCoreImpl::CloseLocked(
     const v1::CloseSequenceRequest& r) {
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
-  ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<SequenceRec> s, FindSequenceLocked(*w, r.sequence_id()));
   v1::CloseSequenceResponse resp;
   resp.set_slots_freed(FreeSequenceLocked(*w, s->id));
   UpdateGaugesLocked();
@@ -565,16 +568,64 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchLocked(const edge::PeerCre
   return reply;
 }
 
+// What GetStatus shows, copied under mu_ in one go (a consistent view); the reply's lists are
+// built from it after the lock is released.
+struct DaemonCoreImpl::StatusRows {
+  v1::GetStatusResponse head;  // everything but the lists
+  struct Worker {
+    uint64_t id = 0;
+    std::string name, model_name;
+    int32_t pid = 0;
+    uint32_t uid = 0, sequences = 0;
+    std::array<uint64_t, 2> pool_bytes{};
+    uint64_t lease_remaining_ms = 0;
+  };
+  struct Sequence {
+    uint64_t id = 0, worker_id = 0, length = 0, plan_version = 0;
+    std::string tag, policy;
+    PlacementFigures figures;
+  };
+  std::vector<Worker> workers;
+  std::vector<Sequence> sequences;
+};
+
 absl::StatusOr<v1::GetStatusResponse> DaemonCoreImpl::GetStatus(
     const v1::GetStatusRequest& request) {
-  absl::MutexLock lock(&mu_);
-  return Count(Metrics::Rpc::kGetStatus,
-               absl::StatusOr<v1::GetStatusResponse>(StatusLocked(request)));
+  StatusRows rows;
+  {
+    absl::MutexLock lock(&mu_);
+    rows = StatusRowsLocked(request);
+  }
+  v1::GetStatusResponse resp = std::move(rows.head);
+  for (const StatusRows::Worker& w : rows.workers) {
+    v1::WorkerStatus* ws = resp.add_worker_list();
+    ws->set_worker_id(w.id);
+    ws->set_worker_name(w.name);
+    ws->set_pid(w.pid);
+    ws->set_uid(w.uid);
+    ws->set_model_name(w.model_name);
+    ws->set_sequences(w.sequences);
+    ws->set_ddr_bytes(w.pool_bytes[0]);
+    ws->set_compressed_bytes(w.pool_bytes[1]);
+    ws->set_lease_remaining_ms(w.lease_remaining_ms);
+  }
+  for (const StatusRows::Sequence& s : rows.sequences) {
+    v1::SequenceStatus* ss = resp.add_sequence_list();
+    ss->set_sequence_id(s.id);
+    ss->set_worker_id(s.worker_id);
+    ss->set_tag(s.tag);
+    ss->set_policy(s.policy);
+    ss->set_length(s.length);
+    ss->set_plan_version(s.plan_version);
+    s.figures.ToProto(ss->mutable_report());
+  }
+  return Count(Metrics::Rpc::kGetStatus, absl::StatusOr<v1::GetStatusResponse>(std::move(resp)));
 }
 
-v1::GetStatusResponse DaemonCoreImpl::StatusLocked(const v1::GetStatusRequest& r) {
+DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusRequest& r) {
   const absl::Duration now = clock_->Now();
-  v1::GetStatusResponse resp;
+  StatusRows rows;
+  v1::GetStatusResponse& resp = rows.head;
   resp.set_version(KVTIER_VERSION);
   resp.set_daemon_epoch(epoch_);
   resp.set_uptime_ms(Ms(now - start_));
@@ -610,33 +661,20 @@ v1::GetStatusResponse DaemonCoreImpl::StatusLocked(const v1::GetStatusRequest& r
   if (r.include_workers()) {
     for (const auto& [id, w] : workers_) {
       if (!all && id != own) continue;
-      v1::WorkerStatus* ws = resp.add_worker_list();
-      ws->set_worker_id(id);
-      ws->set_worker_name(w.name);
-      ws->set_pid(w.pid);
-      ws->set_uid(w.peer.uid);
-      ws->set_model_name(w.model_name);
-      ws->set_sequences(static_cast<uint32_t>(w.sequences.size()));
-      ws->set_ddr_bytes(w.pool_bytes[0]);
-      ws->set_compressed_bytes(w.pool_bytes[1]);
-      absl::Duration left = w.last_seen + options_.lease_ttl - now;
-      ws->set_lease_remaining_ms(left > absl::ZeroDuration() ? Ms(left) : 0);
+      const absl::Duration left = w.last_seen + options_.lease_ttl - now;
+      rows.workers.push_back({id, w.name, w.model_name, w.pid, w.peer.uid,
+                              static_cast<uint32_t>(w.sequences.size()), w.pool_bytes,
+                              left > absl::ZeroDuration() ? Ms(left) : 0});
     }
   }
   if (r.include_sequences()) {
     for (const auto& [id, s] : sequences_) {
-      if (!all && s.worker_id != own) continue;
-      v1::SequenceStatus* ss = resp.add_sequence_list();
-      ss->set_sequence_id(id);
-      ss->set_worker_id(s.worker_id);
-      ss->set_tag(s.tag);
-      ss->set_policy(s.policy.name);
-      ss->set_length(s.length);
-      ss->set_plan_version(s.last_applied);
-      s.figures.ToProto(ss->mutable_report());
+      if (!all && s->worker_id != own) continue;
+      rows.sequences.push_back(
+          {id, s->worker_id, s->length, s->last_applied, s->tag, s->policy.name, s->figures});
     }
   }
-  return resp;
+  return rows;
 }
 
 int DaemonCoreImpl::ReapExpired() {
@@ -663,15 +701,7 @@ void DaemonCoreImpl::PrepareSpareExtents() {
         if (!budget.WantsSpare(kSpares)) break;
         budget.BeginSpare();
       }
-      // The slow part (memfd_create, fallocate) with no lock held; label, size and directory
-      // never change after construction.
-      absl::StatusOr<Extent> made =
-          Extent::Create(budget.label(), budget.extent_bytes(), budget.dir());
-      const bool ok = made.ok();
-      absl::MutexLock lock(&mu_);
-      budget.EndSpare(std::move(made));
-      UpdateGaugesLocked();
-      if (!ok) break;
+      if (!MakeSpare(budget)) break;  // the slow part, with no lock held
     }
   }
 }

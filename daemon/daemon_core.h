@@ -69,7 +69,9 @@ struct CoreOptions {
 //    request is reaped at once (FAILED_PRECONDITION "register again"), ids never issued by this
 //    daemon are NOT_FOUND (Heartbeat answers FAILED_PRECONDITION for both);
 //  - one plan in flight per sequence; a snapshot's last_plan_version must be the last plan
-//    acknowledged (applied or refused) or the last applied;
+//    acknowledged (applied or refused) or the last applied; snapshots of one sequence are
+//    serialized (a resubmission waits for the first and gets its plan), and no request waits for
+//    another sequence's policy decision (it runs without the registry lock);
 //  - slots: destinations are granted at SubmitSnapshot, sources freed only on AckPlan(applied);
 //    a short pool or quota degrades the plan (compress instead when the policy compresses,
 //    otherwise the page keeps its tier) and never raises eviction.

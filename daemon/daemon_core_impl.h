@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,8 +70,9 @@ struct PendingPlan {
   std::vector<PendingMove> moves;
   PlacementFigures figures;  // of the target
   // What was sent, and a fingerprint of the snapshot it answered: the same snapshot again (its
-  // reply was lost) gets the same plan, not a refusal.
-  v1::TierPlan sent;
+  // reply was lost) gets the same plan, not a refusal. Shared and immutable, so that a replay
+  // copies it without the core's lock.
+  std::shared_ptr<const v1::TierPlan> sent;
   uint64_t snapshot_fingerprint = 0;
 };
 
@@ -94,13 +96,52 @@ struct SequenceRec {
   uint64_t last_applied = 0;     // last plan applied
   uint64_t next_version = 1;
   std::optional<PendingPlan> pending;
+  bool closed = false;       // freed by the registry; a snapshot in progress gives up
   PlacementFigures figures;  // of the acknowledged placement
+  // Serializes this sequence's snapshots, and is held across the policy decision, which runs
+  // without the core's mu_. Only SubmitSnapshot takes it. Lock order: plan_mu, then mu_ (under
+  // mu_ it is only ever tried, never waited for). Every field above is guarded by the core's mu_.
+  absl::Mutex plan_mu;
 };
 
-// Thread-safe: one mutex guards all state. Lock order: mu_ only (pools have no locks).
+// Holds a SequenceRec::plan_mu taken by TryLock or Lock; releases it on destruction.
+class PlanLock {
+ public:
+  PlanLock() = default;
+  PlanLock(const PlanLock&) = delete;
+  PlanLock& operator=(const PlanLock&) = delete;
+  ~PlanLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (mu_ != nullptr) mu_->Unlock();
+  }
+  bool TryLock(absl::Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (mu->TryLock()) mu_ = mu;
+    return held();
+  }
+  void Lock(absl::Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    mu->Lock();
+    mu_ = mu;
+  }
+  bool held() const { return mu_ != nullptr; }
+
+ private:
+  absl::Mutex* mu_ = nullptr;
+};
+
+// Test seams of the core (CoreOptions carries none: these are for tests only).
+struct CoreHooks {
+  // Called with no lock held while a snapshot's policy decision runs (after the snapshot was
+  // validated, before its slots are granted), with the sequence id.
+  std::function<void(uint64_t sequence_id)> during_decision;
+};
+
+// Thread-safe. One mutex (mu_) guards the registry, the pools and every record; each sequence's
+// plan_mu serializes its snapshots, whose policy decision is computed with mu_ released, so that
+// heartbeats, acks, status and other sequences' snapshots never wait for a decision. Lock order:
+// SequenceRec::plan_mu, then mu_ (pools have no locks).
 class DaemonCoreImpl final : public DaemonCore {
  public:
-  DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics, uint64_t epoch);
+  DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics, uint64_t epoch,
+                 CoreHooks hooks = {});
   ~DaemonCoreImpl() override;
 
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
@@ -134,14 +175,39 @@ class DaemonCoreImpl final : public DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::OpenSequenceResponse> OpenLocked(const v1::OpenSequenceRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::TierPlan> SnapshotLocked(const v1::SubmitSnapshotRequest& r)
+  // SubmitSnapshot's phases (daemon_snapshot.cc). `prep` carries what the unlocked phase needs.
+  struct Prepared;
+  absl::StatusOr<v1::TierPlan> Snapshot(const v1::SubmitSnapshotRequest& r);
+  // Authenticates, settles a carried ack, answers a replay, validates and grows the record:
+  // fills `prep` (or `replay`, the plan in flight, for the same snapshot again).
+  absl::Status PrepareLocked(const v1::SubmitSnapshotRequest& r, uint64_t fingerprint,
+                             SequenceRec& s, Prepared& prep,
+                             std::shared_ptr<const v1::TierPlan>& replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extents per pool that granting `prep`'s destinations would create for lack of a ready spare:
+  // charged to the budgets (PoolBudget::BeginSpare) for the caller to make without the lock.
+  std::array<uint32_t, 2> ExtentsToMakeLocked(const SequenceRec& s, const Prepared& prep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes one charged spare of `budget` (slow: memfd, fallocate) and files it. REQUIRES: mu_ not
+  // held, one BeginSpare charged.
+  bool MakeSpare(PoolBudget& budget) ABSL_LOCKS_EXCLUDED(mu_);
+  // Grants the target's destinations (degrading `prep`'s target where short), builds the wire
+  // plan and records it as the plan in flight. NOT_FOUND when the sequence was freed meanwhile.
+  absl::StatusOr<std::shared_ptr<const v1::TierPlan>> PlanLocked(SequenceRec& s, Prepared& prep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ordered moves, figures and the wire plan. RESOURCE_EXHAUSTED when the plan would exceed the
+  // message limit (then nothing is recorded).
+  absl::Status BuildPlanLocked(const WorkerRec& w, const SequenceRec& s,
+                               const std::vector<Slot>& dst, Prepared& prep, v1::TierPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountPlan(const Prepared& prep) const;  // metrics_ must be set
   absl::StatusOr<v1::AckPlanResponse> AckLocked(const v1::AckPlanRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::CloseSequenceResponse> CloseLocked(const v1::CloseSequenceRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::GetStatusResponse StatusLocked(const v1::GetStatusRequest& r)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GetStatus copies what it shows under mu_ (StatusRowsLocked) and builds the reply without it.
+  struct StatusRows;
+  StatusRows StatusRowsLocked(const v1::GetStatusRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::ChannelReply> HelloLocked(const edge::PeerCredentials& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::ChannelReply> FetchLocked(const edge::PeerCredentials& peer,
@@ -161,7 +227,8 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::StatusOr<WorkerRec*> AuthenticateLocked(uint64_t id, const std::string& secret)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's sequence: NOT_FOUND when unknown, PERMISSION_DENIED when another worker's.
-  absl::StatusOr<SequenceRec*> FindSequenceLocked(const WorkerRec& w, uint64_t sequence_id)
+  absl::StatusOr<std::shared_ptr<SequenceRec>> FindSequenceLocked(const WorkerRec& w,
+                                                                  uint64_t sequence_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ExpiredLocked(const WorkerRec& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees every slot of a sequence (committed and pending) and forgets it. Returns slots freed.
@@ -216,6 +283,7 @@ class DaemonCoreImpl final : public DaemonCore {
 
   Clock* const clock_;
   Metrics* const metrics_;
+  const CoreHooks hooks_;
   const uint64_t epoch_;
   const absl::Duration start_;
   const uint64_t id_base_;
@@ -229,7 +297,8 @@ class DaemonCoreImpl final : public DaemonCore {
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, WorkerRec> workers_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, SequenceRec> sequences_ ABSL_GUARDED_BY(mu_);
+  // Shared: a snapshot in progress keeps its record (and plan_mu) alive across unlocked phases.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<SequenceRec>> sequences_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Ticket> tickets_ ABSL_GUARDED_BY(mu_);
   // Slot bytes and slots granted, node-wide, per pool.
   std::array<uint64_t, 2> used_bytes_ ABSL_GUARDED_BY(mu_){};

@@ -18,6 +18,12 @@ using tiering::Tier;
 
 absl::Status Precondition(absl::string_view what) { return absl::FailedPreconditionError(what); }
 
+// A sequence freed (closed, or its worker's lease reaped) while its snapshot was decided.
+absl::Status Closed(uint64_t sequence_id) {
+  return absl::NotFoundError(
+      absl::StrCat("sequence_id ", sequence_id, " was closed while its snapshot was decided"));
+}
+
 // Checks a snapshot against the geometry and the acknowledged record. Changes nothing.
 absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& geo,
                               uint64_t max_entries, const v1::SubmitSnapshotRequest& r) {
@@ -116,14 +122,15 @@ uint64_t Fingerprint(const v1::SubmitSnapshotRequest& r) {
   return h;
 }
 
-uint64_t MoveBytes(const WorkerRec& w, const tiering::Move& m) {
+uint64_t MoveBytes(const layout::KvGeometry& geometry, const std::array<uint64_t, 2>& page_bytes,
+                   const tiering::Move& m) {
   switch (m.to) {
     case Tier::kT0:
-      return w.geometry.PageBytes(m.group);
+      return geometry.PageBytes(m.group);
     case Tier::kT1:
-      return w.page_bytes[0];
+      return page_bytes[0];
     case Tier::kT2:
-      return w.page_bytes[1];
+      return page_bytes[1];
     case Tier::kT3:
       return 0;
   }
@@ -235,11 +242,29 @@ Shortage DaemonCoreImpl::GrantLocked(WorkerRec& w, const PolicySpec& policy,
   return shortage;
 }
 
+// What SubmitSnapshot's phases hand each other. Owned by the call; the unlocked phases read only
+// this and the request, never the record.
+struct DaemonCoreImpl::Prepared {
+  uint64_t sequence_id = 0;
+  uint64_t version = 0;
+  uint64_t fingerprint = 0;
+  PolicySpec policy;
+  layout::KvGeometry geometry;
+  std::array<uint64_t, 2> page_bytes{};
+  uint64_t prompt_tokens = 0, length = 0;
+  Placement current;  // the acknowledged placement, grown to the snapshot
+  Decision decision;  // decision.target: degraded in place by the grant
+  Shortage shortage;
+  absl::Span<const float> scores;  // the request's
+  uint64_t max_plan_bytes = 0;
+  std::vector<tiering::Move> moves;
+  PlacementFigures figures;  // of the target
+};
+
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
     const v1::SubmitSnapshotRequest& request) {
   const auto t0 = std::chrono::steady_clock::now();
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<v1::TierPlan> plan = SnapshotLocked(request);
+  absl::StatusOr<v1::TierPlan> plan = Snapshot(request);
   if (plan.ok() && metrics_ != nullptr) {
     metrics_->CountSnapshot(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -247,107 +272,228 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
   return Count(Metrics::Rpc::kSubmitSnapshot, std::move(plan));
 }
 
-absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SnapshotLocked(const v1::SubmitSnapshotRequest& r) {
+// Three phases, two under mu_: (1) authenticate, settle a carried ack, answer a replay,
+// validate, grow, copy what the policy needs; (2, no lock) the policy decision; (3) grant
+// destinations, order the moves, build the wire plan and record it in flight (new extents are
+// made before it, without the lock). The sequence's plan_mu is held from (1) to the end, so
+// between (1) and (3) its record changes only by being freed (an ack needs a plan in flight,
+// and there is none until (3)), which (3) notices.
+absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRequest& r) {
+  const uint64_t fingerprint = Fingerprint(r);
+  std::shared_ptr<SequenceRec> seq;
+  PlanLock plan_lock;
+  Prepared prep;
+  std::shared_ptr<const v1::TierPlan> replay;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
+    ASSIGN_OR_RETURN(seq, FindSequenceLocked(*w, r.sequence_id()));
+    // Mostly free: taken without blocking under mu_ (which the lock order would not allow).
+    if (plan_lock.TryLock(&seq->plan_mu)) {
+      RETURN_IF_ERROR(PrepareLocked(r, fingerprint, *seq, prep, replay));
+    }
+  }
+  if (!plan_lock.held()) {
+    // Another snapshot of this sequence is being decided (a resubmission): wait for it.
+    plan_lock.Lock(&seq->plan_mu);
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(PrepareLocked(r, fingerprint, *seq, prep, replay));
+  }
+  if (replay != nullptr) return *replay;  // the same snapshot again: its reply was lost
+
+  prep.scores = absl::Span<const float>(r.page_scores().data(), r.page_scores_size());
+  if (hooks_.during_decision) hooks_.during_decision(prep.sequence_id);
+  ASSIGN_OR_RETURN(prep.decision, DecidePlacement(prep.policy, prep.prompt_tokens, prep.length,
+                                                  prep.current, prep.scores));
+  // New extents are made without the lock first (at most twice; a grant that still finds no
+  // spare, raced away by another sequence's, makes its own under the lock).
+  std::shared_ptr<const v1::TierPlan> plan;
+  for (int round = 0; plan == nullptr; ++round) {
+    std::array<uint32_t, 2> make{};
+    {
+      absl::MutexLock lock(&mu_);
+      if (round < 2) make = ExtentsToMakeLocked(*seq, prep);
+      if (make[0] + make[1] == 0) {
+        ASSIGN_OR_RETURN(plan, PlanLocked(*seq, prep));
+        break;
+      }
+    }
+    for (int p = 0; p < 2; ++p) {
+      for (uint32_t k = 0; k < make[p]; ++k) MakeSpare(*pools_[p]);
+    }
+  }
+  if (metrics_ != nullptr) CountPlan(prep);
+  return *plan;
+}
+
+absl::Status DaemonCoreImpl::PrepareLocked(const v1::SubmitSnapshotRequest& r, uint64_t fingerprint,
+                                           SequenceRec& s, Prepared& prep,
+                                           std::shared_ptr<const v1::TierPlan>& replay) {
+  // Again: the lease may have lapsed, or the sequence been closed, while waiting for plan_mu.
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
-  ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
+  if (s.closed) return Closed(s.id);
   const bool replayed_ack =
-      r.applied_plan_version() != 0 && r.applied_plan_version() == s->last_applied &&
-      (!s->pending.has_value() || s->pending->version != r.applied_plan_version());
+      r.applied_plan_version() != 0 && r.applied_plan_version() == s.last_applied &&
+      (!s.pending.has_value() || s.pending->version != r.applied_plan_version());
   if (r.applied_plan_version() != 0 && !replayed_ack) {
     // Exactly an AckPlan ahead of the snapshot: it stands even if the snapshot is refused.
     RETURN_IF_ERROR(
-        AcknowledgeLocked(*w, *s, r.applied_plan_version(), true, "applied_plan_version"));
+        AcknowledgeLocked(*w, s, r.applied_plan_version(), true, "applied_plan_version"));
     UpdateGaugesLocked();  // the freed sources show even if the snapshot is refused below
   }
-  const uint64_t fingerprint = Fingerprint(r);
-  if (!r.abandon_pending() && s->pending.has_value() &&
-      s->pending->snapshot_fingerprint == fingerprint) {
-    return s->pending->sent;  // the same snapshot again: its reply was lost
+  if (!r.abandon_pending() && s.pending.has_value() &&
+      s.pending->snapshot_fingerprint == fingerprint) {
+    replay = s.pending->sent;
+    return absl::OkStatus();
   }
-  if (r.abandon_pending() && s->pending.has_value()) {
+  if (r.abandon_pending() && s.pending.has_value()) {
     // The worker never saw this plan (its reply was lost): refused, so its destinations return.
-    RETURN_IF_ERROR(AcknowledgeLocked(*w, *s, s->pending->version, false, "abandon_pending"));
+    RETURN_IF_ERROR(AcknowledgeLocked(*w, s, s.pending->version, false, "abandon_pending"));
     if (metrics_ != nullptr) metrics_->CountAbandonedPlan();
     UpdateGaugesLocked();
   }
-  RETURN_IF_ERROR(ValidateSnapshot(*s, w->geometry, options_.max_snapshot_entries, r));
-  GrowLocked(*s, r.length(), r.num_pages());
-  AdoptWorkerEvictionsLocked(*w, *s, r.current_tiers());
-  SetFiguresLocked(*s, ComputeFigures(w->geometry, s->placement, s->prompt_tokens, s->length));
+  RETURN_IF_ERROR(ValidateSnapshot(s, w->geometry, options_.max_snapshot_entries, r));
+  GrowLocked(s, r.length(), r.num_pages());
+  AdoptWorkerEvictionsLocked(*w, s, r.current_tiers());
+  SetFiguresLocked(s, ComputeFigures(w->geometry, s.placement, s.prompt_tokens, s.length));
+  prep.sequence_id = s.id;
+  prep.version = s.next_version;
+  prep.fingerprint = fingerprint;
+  prep.policy = s.policy;
+  prep.geometry = w->geometry;
+  prep.page_bytes = w->page_bytes;
+  prep.prompt_tokens = s.prompt_tokens;
+  prep.length = s.length;
+  prep.current = s.placement;
+  prep.max_plan_bytes = edge::MaxPlanBytes(options_.max_snapshot_entries);
+  return absl::OkStatus();
+}
 
-  const Placement& current = s->placement;
-  absl::Span<const float> scores(r.page_scores().data(), r.page_scores_size());
-  ASSIGN_OR_RETURN(Decision decision,
-                   DecidePlacement(s->policy, s->prompt_tokens, s->length, current, scores));
-  Placement& target = decision.target;
+std::array<uint32_t, 2> DaemonCoreImpl::ExtentsToMakeLocked(const SequenceRec& s,
+                                                            const Prepared& prep) {
+  std::array<uint32_t, 2> make{};
+  if (s.closed) return make;
+  const WorkerRec& w = workers_.at(s.worker_id);
+  std::array<uint64_t, 2> need{};
+  const std::vector<Tier>& target = prep.decision.target.tiers;
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (target[i] != s.placement.tiers[i] && InPool(target[i])) ++need[PoolIndex(target[i])];
+  }
+  for (int p = 0; p < 2; ++p) {
+    if (need[p] == 0) continue;
+    PoolBudget& budget = *pools_[p];
+    const uint64_t quota =
+        p == 0 ? options_.worker_ddr_quota_bytes : options_.worker_compressed_quota_bytes;
+    if (quota > 0) {  // no extent for slots the quota would refuse
+      const uint64_t slot = (w.page_bytes[p] + layout::kSlotAlignment - 1) /
+                            layout::kSlotAlignment * layout::kSlotAlignment;
+      need[p] = std::min(need[p], (quota - std::min(quota, w.pool_bytes[p])) / slot);
+    }
+    const uint64_t wanted = w.memory[p]->ExtentsWanted(need[p], w.page_bytes[p]);
+    while (budget.ready_spares() + make[p] < wanted && budget.CanReserve()) {
+      budget.BeginSpare();
+      ++make[p];
+    }
+  }
+  return make;
+}
 
-  Shortage shortage;
-  std::vector<Slot> dst = GrantDestinationsLocked(*w, *s, scores, target, &shortage);
+bool DaemonCoreImpl::MakeSpare(PoolBudget& budget) {
+  // Label, size and directory never change after construction.
+  absl::StatusOr<Extent> made = Extent::Create(budget.label(), budget.extent_bytes(), budget.dir());
+  const bool ok = made.ok();
+  absl::MutexLock lock(&mu_);
+  budget.EndSpare(std::move(made));
+  UpdateGaugesLocked();
+  return ok;
+}
 
-  v1::TierPlan plan;
-  plan.set_sequence_id(s->id);
-  const uint64_t version = s->next_version;
-  plan.set_plan_version(version);
+absl::StatusOr<std::shared_ptr<const v1::TierPlan>> DaemonCoreImpl::PlanLocked(SequenceRec& s,
+                                                                               Prepared& prep) {
+  if (s.closed) return Closed(s.id);
+  WorkerRec& w = workers_.at(s.worker_id);  // an open sequence's worker is registered
+  Placement& target = prep.decision.target;
+  std::vector<Slot> dst = GrantDestinationsLocked(w, s, prep.scores, target, &prep.shortage);
+  auto plan = std::make_shared<v1::TierPlan>();
+  absl::Status built = BuildPlanLocked(w, s, dst, prep, *plan);
+  if (!built.ok()) {
+    for (Slot& slot : dst) ReleaseLocked(w, slot);
+    UpdateGaugesLocked();
+    return built;
+  }
+  PendingPlan pending;
+  pending.version = prep.version;
+  pending.moves.reserve(prep.moves.size());
+  for (const tiering::Move& m : prep.moves) {
+    const size_t i = size_t{m.group} * s.placement.num_pages + m.page;
+    pending.moves.push_back({m, std::move(dst[i])});
+  }
+  pending.figures = prep.figures;
+  pending.sent = plan;
+  pending.snapshot_fingerprint = prep.fingerprint;
+  s.pending = std::move(pending);
+  ++s.next_version;
+  UpdateGaugesLocked();
+  return plan;
+}
+
+absl::Status DaemonCoreImpl::BuildPlanLocked(const WorkerRec& w, const SequenceRec& s,
+                                             const std::vector<Slot>& dst, Prepared& prep,
+                                             v1::TierPlan& plan) {
+  const Placement& current = s.placement;
+  const Placement& target = prep.decision.target;
+  ASSIGN_OR_RETURN(prep.moves, OrderedMoves(current, target));
+  plan.set_sequence_id(s.id);
+  plan.set_plan_version(prep.version);
   std::string* target_tiers = plan.mutable_target_tiers();
   target_tiers->resize(target.tiers.size());
   std::transform(target.tiers.begin(), target.tiers.end(), target_tiers->begin(),
                  [](Tier t) { return static_cast<char>(t); });
-  absl::StatusOr<std::vector<tiering::Move>> ordered = OrderedMoves(current, target);
-  if (!ordered.ok()) {
-    for (Slot& slot : dst) ReleaseLocked(*w, slot);
-    return ordered.status();
-  }
-  const std::vector<tiering::Move>& moves = *ordered;
-  PendingPlan pending;
-  pending.version = version;
-  pending.moves.reserve(moves.size());
-  plan.mutable_move_group()->Reserve(static_cast<int>(moves.size()));
-  plan.mutable_move_page()->Reserve(static_cast<int>(moves.size()));
-  plan.mutable_move_dst_slot()->Reserve(static_cast<int>(moves.size()));
-  plan.mutable_move_src_slot()->Reserve(static_cast<int>(moves.size()));
+  const int n = static_cast<int>(prep.moves.size());
+  plan.mutable_move_group()->Reserve(n);
+  plan.mutable_move_page()->Reserve(n);
+  plan.mutable_move_dst_slot()->Reserve(n);
+  plan.mutable_move_src_slot()->Reserve(n);
   std::string* from_bytes = plan.mutable_move_from();
   std::string* to_bytes = plan.mutable_move_to();
-  for (const tiering::Move& m : moves) {
+  for (const tiering::Move& m : prep.moves) {
     const size_t i = size_t{m.group} * current.num_pages + m.page;
     plan.add_move_group(m.group);
     plan.add_move_page(m.page);
     from_bytes->push_back(static_cast<char>(m.from));
     to_bytes->push_back(static_cast<char>(m.to));
     plan.add_move_dst_slot(dst[i].valid() ? dst[i].offset() : 0);
-    plan.add_move_src_slot(s->slots[i].valid() ? s->slots[i].offset() : 0);
-    if (metrics_ != nullptr) metrics_->CountMove(tiering::KindOf(m.from, m.to), MoveBytes(*w, m));
-    pending.moves.push_back({m, std::move(dst[i])});
+    plan.add_move_src_slot(s.slots[i].valid() ? s.slots[i].offset() : 0);
   }
-  if (shortage.total() > 0) {
+  if (prep.shortage.total() > 0) {
     plan.set_degraded(true);
-    plan.set_degraded_reason(DegradedReason(shortage));
-    for (int k = 0; k < 3; ++k) {
-      if (shortage.pages[k] > 0 && metrics_ != nullptr) {
-        metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
-      }
-    }
+    plan.set_degraded_reason(DegradedReason(prep.shortage));
   }
-  plan.set_protected_overflow(decision.protected_overflow);
-  plan.set_ddr_extents(w->memory[0]->num_extents());
-  plan.set_compressed_extents(w->memory[1]->num_extents());
-  if (decision.protected_overflow && metrics_ != nullptr) metrics_->CountProtectedOverflow();
-  pending.figures = ComputeFigures(w->geometry, target, s->prompt_tokens, s->length);
-  pending.figures.ToProto(plan.mutable_report());
+  plan.set_protected_overflow(prep.decision.protected_overflow);
+  plan.set_ddr_extents(w.memory[0]->num_extents());
+  plan.set_compressed_extents(w.memory[1]->num_extents());
+  prep.figures = ComputeFigures(prep.geometry, target, prep.prompt_tokens, prep.length);
+  prep.figures.ToProto(plan.mutable_report());
   // Never record a plan that could not be sent.
   const uint64_t plan_bytes = plan.ByteSizeLong();
-  if (plan_bytes > edge::MaxPlanBytes(options_.max_snapshot_entries)) {
-    for (PendingMove& m : pending.moves) ReleaseLocked(*w, m.dst);
-    UpdateGaugesLocked();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("plan of ", plan_bytes, " bytes exceeds the message limit (",
-                     edge::MaxPlanBytes(options_.max_snapshot_entries), ")"));
+  if (plan_bytes > prep.max_plan_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "plan of ", plan_bytes, " bytes exceeds the message limit (", prep.max_plan_bytes, ")"));
   }
-  pending.sent = plan;
-  pending.snapshot_fingerprint = fingerprint;
-  s->pending = std::move(pending);
-  ++s->next_version;
-  UpdateGaugesLocked();
-  return plan;
+  return absl::OkStatus();
+}
+
+void DaemonCoreImpl::CountPlan(const Prepared& prep) const {
+  for (const tiering::Move& m : prep.moves) {
+    metrics_->CountMove(tiering::KindOf(m.from, m.to),
+                        MoveBytes(prep.geometry, prep.page_bytes, m));
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (prep.shortage.pages[k] > 0) {
+      metrics_->CountDegraded(static_cast<Metrics::DegradeReason>(k));
+    }
+  }
+  if (prep.decision.protected_overflow) metrics_->CountProtectedOverflow();
 }
 
 absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckPlan(const v1::AckPlanRequest& request) {
@@ -357,7 +503,7 @@ absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckPlan(const v1::AckPlanReq
 
 absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckLocked(const v1::AckPlanRequest& r) {
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
-  ASSIGN_OR_RETURN(SequenceRec * s, FindSequenceLocked(*w, r.sequence_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<SequenceRec> s, FindSequenceLocked(*w, r.sequence_id()));
   // A replayed ack (the first one's reply was lost) settles nothing twice.
   const bool settled = !s->pending.has_value() && r.plan_version() != 0 &&
                        r.plan_version() == (r.applied() ? s->last_applied : s->last_acked);
@@ -414,10 +560,10 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
     std::array<uint64_t, 2> held{};
     for (uint64_t sid : w.sequences) {
       auto it = sequences_.find(sid);
-      if (it == sequences_.end() || it->second.worker_id != wid) {
+      if (it == sequences_.end() || it->second->worker_id != wid) {
         return absl::InternalError(absl::StrCat("worker ", wid, " lists sequence ", sid));
       }
-      const SequenceRec& s = it->second;
+      const SequenceRec& s = *it->second;
       if (s.slots.size() != s.placement.tiers.size()) return absl::InternalError("slots shape");
       for (size_t i = 0; i < s.slots.size(); ++i) {
         const bool pooled = InPool(s.placement.tiers[i]);

@@ -1,5 +1,7 @@
 #include "daemon/worker_memory.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
 
@@ -60,6 +62,20 @@ absl::StatusOr<Slot> WorkerMemory::Allocate(uint64_t bytes) {
   extents_.push_back(std::unique_ptr<Held>(
       new Held{std::move(extent), SlotAllocator(budget_->extent_bytes(), base, tag_)}));
   return extents_.back()->slots.Allocate(bytes);
+}
+
+uint64_t WorkerMemory::ExtentsWanted(uint64_t slots, uint64_t bytes) const {
+  const uint64_t slot =
+      (bytes + layout::kSlotAlignment - 1) / layout::kSlotAlignment * layout::kSlotAlignment;
+  if (slot == 0 || slot > budget_->extent_bytes()) return 0;
+  uint64_t fit = 0;
+  for (const auto& held : extents_) {
+    fit += (held->slots.capacity() - held->slots.used_bytes()) / slot;
+  }
+  if (fit >= slots) return 0;
+  const uint64_t per_extent = budget_->extent_bytes() / slot;
+  const uint64_t wanted = (slots - fit + per_extent - 1) / per_extent;
+  return std::min<uint64_t>(wanted, max_extents_ - extents_.size());
 }
 
 absl::Status WorkerMemory::CheckInvariants() const {

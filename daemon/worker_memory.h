@@ -46,6 +46,9 @@ class PoolBudget {
     ++making_;
   }
   void EndSpare(absl::StatusOr<Extent> extent);
+  // Whether one more extent fits the budget (spare or not).
+  bool CanReserve() const { return reserved_ + extent_bytes_ <= capacity_; }
+  size_t ready_spares() const { return spares_.size(); }
   // Extents charged to the budget but held by no worker: ready spares and spares in the making.
   size_t unassigned() const { return spares_.size() + making_; }
 
@@ -80,6 +83,10 @@ class WorkerMemory {
   // A slot of `bytes` in the lowest extent with room, else in a new extent. RESOURCE_EXHAUSTED
   // when the worker holds max_extents already or the budget is short.
   absl::StatusOr<Slot> Allocate(uint64_t bytes);
+
+  // New extents the worker would take for `slots` more slots of `bytes`: an estimate from the
+  // free bytes of the extents it holds (fragmentation aside), within max_extents.
+  uint64_t ExtentsWanted(uint64_t slots, uint64_t bytes) const;
 
   uint32_t num_extents() const { return static_cast<uint32_t>(extents_.size()); }
   uint64_t max_extents() const { return max_extents_; }

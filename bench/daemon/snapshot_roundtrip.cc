@@ -8,7 +8,13 @@
 // (two round trips a plan), and snapshots carrying the acknowledgement of the sequence's
 // previous plan (applied_plan_version: one round trip). Also reports the daemon's memory.
 //
+// Beside every closed-loop run one more client sends a heartbeat every --heartbeat-ms and
+// reports its latency against heartbeats to the same daemon at rest, measured in the same run:
+// what a lease renewal waits for while the workers flood the daemon.
+//
 //   kvtier-bench-daemon --workers 1,8,32 --pages 2048 --seconds 3
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -20,11 +26,14 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "kvtier/client.h"
 #include "tests/integration/support/daemon_process.h"
+#include "tests/integration/support/http_get.h"
 
 namespace kvtier {
 namespace {
@@ -164,6 +173,48 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
   for (auto& s : seqs) (void)client->CloseSequence(s.id);
 }
 
+// CPU seconds the process has used (user + system).
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+  std::vector<std::string> f = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
+  if (f.size() < 13) return 0;
+  return (std::stod(f[11]) + std::stod(f[12])) / sysconf(_SC_CLK_TCK);
+}
+
+// The daemon's SubmitSnapshot histogram (time inside the core, from its /metrics): cumulative
+// counts per upper bound in seconds.
+std::vector<std::pair<double, double>> PlanLatencyBuckets(int port) {
+  std::vector<std::pair<double, double>> out;
+  if (port == 0) return out;
+  auto r = testing::HttpGet(port, "/metrics", absl::Seconds(2));
+  if (!r.ok()) return out;
+  constexpr absl::string_view kPrefix = "kvtier_plan_latency_seconds_bucket{le=\"";
+  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    if (!absl::StartsWith(line, kPrefix)) continue;
+    line.remove_prefix(kPrefix.size());
+    const size_t quote = line.find('"');
+    double le = 0, count = 0;
+    const std::string bound(line.substr(0, quote));
+    le = bound == "+Inf" ? 1e9 : std::stod(bound);
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &count)) out.push_back({le, count});
+  }
+  return out;
+}
+
+// The smallest bucket bound under which a share `q` of the snapshots between two scrapes fell.
+double InDaemonQuantileUs(const std::vector<std::pair<double, double>>& before,
+                          const std::vector<std::pair<double, double>>& after, double q) {
+  if (after.empty() || before.size() != after.size()) return 0;
+  const double total = after.back().second - before.back().second;
+  if (total <= 0) return 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    if (after[i].second - before[i].second >= q * total) return after[i].first * 1e6;
+  }
+  return 0;
+}
+
 uint64_t RssKiB(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
@@ -173,11 +224,33 @@ uint64_t RssKiB(pid_t pid) {
   return 0;
 }
 
+// Heartbeats every `period` until `stop`: their latencies.
+Sample Heartbeats(WorkerClient* client, absl::Duration period, absl::Time stop) {
+  Sample out;
+  absl::Time next = absl::Now();
+  while (absl::Now() < stop) {
+    absl::Time t0 = absl::Now();
+    if (client->HeartbeatOnce().ok()) {
+      out.latencies_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+      ++out.plans;
+    }
+    next += period;
+    absl::SleepFor(next - absl::Now());
+  }
+  return out;
+}
+
+// `prober` (may be null) sends heartbeats every `beat` meanwhile, into `*beats`.
 Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequences, uint32_t pages,
-           absl::Duration period, absl::Duration length, bool stable, Request request) {
+           absl::Duration period, absl::Duration length, bool stable, Request request,
+           WorkerClient* prober = nullptr, absl::Duration beat = absl::Milliseconds(5),
+           Sample* beats = nullptr) {
   std::vector<Sample> samples(clients.size());
   std::vector<std::thread> threads;
   absl::Time stop = absl::Now() + length;
+  if (prober != nullptr) {
+    threads.emplace_back([=] { *beats = Heartbeats(prober, beat, stop); });
+  }
   for (size_t w = 0; w < clients.size(); ++w) {
     threads.emplace_back(RunWorker, clients[w].get(), sequences, pages, period, stop, &samples[w],
                          static_cast<int>(w), stable, request);
@@ -209,6 +282,14 @@ int main(int argc, char** argv) {
   app.add_option("--sequences", sequences, "Sequences per worker")->capture_default_str();
   app.add_option("--seconds", seconds, "Seconds per measurement")->capture_default_str();
   app.add_option("--period-ms", period_ms, "Open-loop period per worker")->capture_default_str();
+  double heartbeat_ms = 5;
+  app.add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat probe period beside closed loops")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  std::string loads = "open,closed";
+  app.add_option("--loads", loads, "open, closed or both")
+      ->check(CLI::IsMember({"open", "closed", "open,closed"}))
+      ->capture_default_str();
   app.add_option("--scores", scores, "stable (decoding-like) | random (worst-case churn)")
       ->check(CLI::IsMember({"stable", "random"}))
       ->capture_default_str();
@@ -216,36 +297,79 @@ int main(int argc, char** argv) {
   app.add_option("--ddr-mib", ddr_mib, "DDR pool size (small: measures degraded plans)")
       ->capture_default_str();
   app.add_option("--compressed-mib", compressed_mib, "Compressed pool size")->capture_default_str();
+  int policy_threads = -1;
+  app.add_option(
+         "--policy-threads", policy_threads,
+         "kvtierd's server.policy_threads (-1: its default; 0: snapshots on gRPC's threads)")
+      ->check(CLI::Range(-1, 64));
   CLI11_PARSE(app, argc, argv);
+  const int metrics_port = *testing::FreeLoopbackPort();
+  const std::string metrics = absl::StrCat("127.0.0.1:", metrics_port);
 
-  auto daemon =
-      testing::DaemonProcess::Start({.config_text = "[limits]\nmax_sequences_per_worker = 4096\n",
-                                     .ddr_mib = ddr_mib,
-                                     .compressed_mib = compressed_mib});
+  auto daemon = testing::DaemonProcess::Start(
+      {.config_text = absl::StrCat(
+           policy_threads >= 0 ? absl::StrCat("[server]\npolicy_threads = ", policy_threads, "\n")
+                               : "",
+           "[limits]\nmax_sequences_per_worker = 4096\n"),
+       .metrics_address = metrics,
+       .ddr_mib = ddr_mib,
+       .compressed_mib = compressed_mib});
   if (!daemon.ok()) {
     std::fprintf(stderr, "%s\n", daemon.status().ToString().c_str());
     return 1;
   }
   std::printf(
       "| workers | load | request | per s | p50 us | p99 us | p50 / baseline | p99 / baseline | "
-      "degraded | daemon RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "degraded | daemon RSS MiB | daemon CPU us/req | in-daemon p99 us <= |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const absl::Duration beat = absl::Microseconds(heartbeat_ms * 1000);
+  std::unique_ptr<WorkerClient> prober = Connect((*daemon)->address(), -1);
+  // Heartbeats to the daemon at rest: the baseline of the heartbeat rows.
+  Sample rest = Heartbeats(prober.get(), beat, absl::Now() + absl::Seconds(seconds));
+  const double rest_p50 = Percentile(rest.latencies_us, 0.5);
+  const double rest_p99 = Percentile(rest.latencies_us, 0.99);
+  std::printf(
+      "| 0 | idle | heartbeat (baseline of heartbeat rows) | %.0f | %.0f | %.0f | 1.0x | 1.0x "
+      "| - | %.1f | - | - |\n",
+      rest.plans / seconds, rest_p50, rest_p99, RssKiB((*daemon)->pid()) / 1024.0);
   for (absl::string_view w : absl::StrSplit(workers_list, ',')) {
     int n = std::stoi(std::string(w));
     std::vector<std::unique_ptr<WorkerClient>> clients;
     for (int i = 0; i < n; ++i) clients.push_back(Connect((*daemon)->address(), i));
     for (bool open_loop : {true, false}) {
+      if (!absl::StrContains(loads, open_loop ? "open" : "closed")) continue;
       double base_p50 = 0, base_p99 = 0;
       for (Request request : {Request::kGetStatus, Request::kAckPlan, Request::kCarriedAck}) {
         auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
-        Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds),
-                       scores == "stable", request);
+        Sample beats;
+        const double cpu0 = CpuSeconds((*daemon)->pid());
+        const auto buckets0 = PlanLatencyBuckets(metrics_port);
+        Sample s =
+            Run(clients, sequences, pages, period, absl::Seconds(seconds), scores == "stable",
+                request, open_loop ? nullptr : prober.get(), beat, &beats);
+        const double cpu_us = 1e6 * (CpuSeconds((*daemon)->pid()) - cpu0) /
+                              std::max<uint64_t>(1, s.plans + beats.plans);
+        const double core_p99 =
+            InDaemonQuantileUs(buckets0, PlanLatencyBuckets(metrics_port), 0.99);
         const double p50 = Percentile(s.latencies_us, 0.5), p99 = Percentile(s.latencies_us, 0.99);
         if (request == Request::kGetStatus) base_p50 = p50, base_p99 = p99;
-        std::printf("| %d | %s | %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.0f%% | %.1f |\n", n,
-                    open_loop ? absl::StrCat("open, ", period_ms, " ms each").c_str() : "closed",
-                    RequestName(request), s.plans / seconds, p50, p99, p50 / base_p50,
-                    p99 / base_p99, 100.0 * s.degraded / std::max<uint64_t>(1, s.plans),
-                    RssKiB((*daemon)->pid()) / 1024.0);
+        const std::string load =
+            open_loop ? absl::StrCat("open, ", period_ms, " ms each") : "closed";
+        std::printf(
+            "| %d | %s | %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.0f%% | %.1f | %.0f | %s |\n",
+            n, load.c_str(), RequestName(request), s.plans / seconds, p50, p99, p50 / base_p50,
+            p99 / base_p99, 100.0 * s.degraded / std::max<uint64_t>(1, s.plans),
+            RssKiB((*daemon)->pid()) / 1024.0, cpu_us,
+            request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str());
+        if (!open_loop) {
+          const double b50 = Percentile(beats.latencies_us, 0.5);
+          const double b99 = Percentile(beats.latencies_us, 0.99);
+          std::printf(
+              "| %d | %s | heartbeat beside %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | - | "
+              "- | - | - |\n",
+              n, load.c_str(), RequestName(request), beats.plans / seconds, b50, b99,
+              b50 / rest_p50, b99 / rest_p99);
+        }
         std::fflush(stdout);
       }
     }

@@ -20,6 +20,7 @@ struct ServerOptions {
   std::string metrics_address = "127.0.0.1:9464";  // empty = off
   LogLevel log_level = LogLevel::kInfo;
   absl::Duration reap_interval = absl::Milliseconds(500);
+  int policy_threads = 2;  // threads that run snapshots; 0 = gRPC's callback threads
 };
 
 // Defaults applied to OpenSequence requests that name no policy.

@@ -68,6 +68,7 @@ ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh
   later.Text("server.tcp", running.server.tcp_address, fresh.server.tcp_address);
   later.Text("server.metrics", running.server.metrics_address, fresh.server.metrics_address);
   later.Millis("server.reap_interval_ms", running.server.reap_interval, fresh.server.reap_interval);
+  later.Number("server.policy_threads", running.server.policy_threads, fresh.server.policy_threads);
   later.Number("pools.ddr_mib", a.ddr_pool_bytes >> 20, b.ddr_pool_bytes >> 20);
   later.Number("pools.compressed_mib", a.compressed_pool_bytes >> 20,
                b.compressed_pool_bytes >> 20);

@@ -46,7 +46,15 @@ grpc::ServerUnaryReactor* KvTierService::OpenSequence(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* KvTierService::SubmitSnapshot(grpc::CallbackServerContext* ctx,
                                                         const v1::SubmitSnapshotRequest* request,
                                                         v1::TierPlan* response) {
-  return Finish(ctx, core_->SubmitSnapshot(*request), response);
+  if (lane_ == nullptr) return Finish(ctx, core_->SubmitSnapshot(*request), response);
+  // The request and response stay valid until the reactor finishes.
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  lane_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::TierPlan> plan = core_->SubmitSnapshot(*request);
+    if (plan.ok()) *response = *std::move(plan);
+    reactor->Finish(edge::ToGrpcStatus(plan.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvTierService::AckPlan(grpc::CallbackServerContext* ctx,

@@ -1,18 +1,26 @@
 #ifndef KVTIER_DAEMON_SERVICE_SERVICE_H_
 #define KVTIER_DAEMON_SERVICE_SERVICE_H_
 
+#include <memory>
+
 #include "daemon/config/config.h"
 #include "daemon/daemon_core.h"
+#include "daemon/service/policy_lane.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
 namespace kvtier::daemon {
 
 // The gRPC face of DaemonCore: proto in, one call into the core, proto out. Never blocks a
-// reactor thread beyond the core's own short critical sections. Thread-safe.
+// reactor thread beyond the core's own short critical sections: snapshots, whose policy run is
+// the one long request, are answered from the policy lane (policy_lane.h). Thread-safe.
 class KvTierService final : public v1::KvTier::CallbackService {
  public:
   // `core` must outlive the service. `defaults` fill OpenSequence requests naming no policy.
-  KvTierService(DaemonCore* core, PolicyDefaults defaults) : core_(core), defaults_(defaults) {}
+  // `policy_threads` run snapshots (0: on gRPC's own callback threads).
+  KvTierService(DaemonCore* core, PolicyDefaults defaults, int policy_threads = 2)
+      : core_(core),
+        defaults_(defaults),
+        lane_(policy_threads > 0 ? std::make_unique<PolicyLane>(policy_threads) : nullptr) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* request,
@@ -42,6 +50,8 @@ class KvTierService final : public v1::KvTier::CallbackService {
  private:
   DaemonCore* const core_;
   const PolicyDefaults defaults_;
+  // Declared last: destroyed first, finishing the snapshots still queued.
+  const std::unique_ptr<PolicyLane> lane_;
 };
 
 }  // namespace kvtier::daemon

@@ -94,8 +94,13 @@ void AccumulateValueUnits(const AttentionParams& p, const float* w, size_t strid
 // ---------------------------------------------------------------------------------------------
 // AVX2 + FMA. head_dim % 8 == 0.
 #if KVTIER_HAVE_X86
+// clang ignores GCC's target pragma (the fuzz build compiles this file with clang).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 namespace avx2 {
 namespace {
 
@@ -371,7 +376,11 @@ void AccumulateValueUnits(const AttentionParams& p, const float* w, size_t strid
 
 }  // namespace
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif  // KVTIER_HAVE_X86
 
 // ---------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace kvtier::testing {
@@ -116,6 +118,20 @@ absl::StatusOr<int> FreeLoopbackPort() {
     return absl::InternalError(absl::StrCat("no free loopback port: ", std::strerror(errno)));
   }
   return static_cast<int>(ntohs(addr.sin_port));
+}
+
+double ScrapeMetric(int port, const std::string& name) {
+  absl::StatusOr<HttpResponse> r = HttpGet(port, "/metrics", absl::Seconds(2));
+  if (!r.ok()) return -1;
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+    if (!absl::StartsWith(line, name) || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+  }
+  return sum;
 }
 
 }  // namespace kvtier::testing

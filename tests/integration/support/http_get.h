@@ -26,6 +26,10 @@ absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& target,
 // Percent-encodes `text` for a query-string value (RFC 3986 unreserved characters stay).
 std::string UrlEncode(std::string_view text);
 
+// One metric from a Prometheus /metrics page on `port`, summed over its label sets; `name` may
+// carry labels (`kvtier_pool_used_bytes{tier="T1"}`) to pick one. -1 when the page is not there.
+double ScrapeMetric(int port, const std::string& name);
+
 // A loopback TCP port that was free a moment ago (bound to port 0, then released).
 absl::StatusOr<int> FreeLoopbackPort();
 
