@@ -13,7 +13,8 @@ cumulative attention score that places the pages. Positions are never renumbered
 token keeps its place, so RoPE positions and ``cache_position`` stay those of the full sequence.
 
 Tested with the transformers version pinned in python/requirements.txt (docs/python.md says
-what a newer one needs). Batch size 1, CPU tensors; the GPU path is the CUDA backend's.
+what a newer one needs). One kvtier sequence per batch row (rows of equal length: no padding),
+CPU tensors; the GPU path is the CUDA backend's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
@@ -125,14 +127,15 @@ class _TieredLayer(CacheLayerMixin):
         raise NotImplementedError("TieredCache cannot crop: positions are never taken back")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("TieredCache holds one sequence: batch size 1")
+        raise NotImplementedError("TieredCache cannot copy its rows: beam search is not supported")
 
     def batch_select_indices(self, indices) -> None:
-        raise NotImplementedError("TieredCache holds one sequence: batch size 1")
+        raise NotImplementedError("TieredCache cannot drop rows: beam search is not supported")
 
 
 class TieredCache(Cache):
-    """A transformers ``Cache`` whose KV lives in kvtier's tiers (one sequence, batch size 1).
+    """A transformers ``Cache`` whose KV lives in kvtier's tiers: one kvtier sequence per batch
+    row (rows of equal length; a padding mask is refused).
 
     Keywords: ``policy`` ("hierarchy", "full", "streaming"), ``hbm_ratio`` β (T0's share of live
     tokens), ``evict_ratio`` r (cumulative evicted share of eligible tokens; 0 = exact),
@@ -193,7 +196,7 @@ class TieredCache(Cache):
         self.tag = tag
         self.local_ddr_bytes = int(local_ddr_bytes)
         self.local_compressed_bytes = int(local_compressed_bytes)
-        self.sequence: _native.TieredSequence | None = None
+        self.sequences: list[_native.TieredSequence] = []
         _live_caches.add(self)
 
     # ---- transformers' Cache ----
@@ -208,8 +211,14 @@ class TieredCache(Cache):
 
     # ---- kvtier ----
 
-    def report(self) -> dict:
-        """The figures of ``kvtier-run generate --json``'s report (bytes of f32 KV)."""
+    @property
+    def sequence(self) -> _native.TieredSequence | None:
+        """Row 0's kvtier sequence (None before the first forward pass)."""
+        return self.sequences[0] if self.sequences else None
+
+    def report(self, row: int = 0) -> dict:
+        """The figures of ``kvtier-run generate --json``'s report for one batch row (bytes of
+        f32 KV)."""
         report = {
             "policy": self.policy,
             "hbm_ratio": self.hbm_ratio,
@@ -222,37 +231,48 @@ class TieredCache(Cache):
             "prompt_tokens": 0,
             "generated_tokens": 0,
         }
-        if self.sequence is not None and not self.sequence.closed:
-            report.update(self.sequence.report())
-            report["daemon_backed"] = self.sequence.daemon_backed
+        seq = self._row(row)
+        if seq is not None and not seq.closed:
+            report.update(seq.report())
+            report["daemon_backed"] = seq.daemon_backed
             report["generated_tokens"] = report["length"] - report["prompt_tokens"]
         return report
 
-    def tiers(self, group: int = 0):
+    def tiers(self, group: int = 0, row: int = 0):
         """Each position's tier (0..3), by its page; empty before the first forward pass."""
-        if self.sequence is None:
+        seq = self._row(row)
+        if seq is None:
             return torch.empty(0, dtype=torch.uint8)
-        return torch.from_numpy(self.sequence.tiers(group))
+        return torch.from_numpy(seq.tiers(group))
 
-    def scores(self, group: int = 0):
+    def scores(self, group: int = 0, row: int = 0):
         """Each position's cumulative attention score (frozen once evicted)."""
-        if self.sequence is None:
+        seq = self._row(row)
+        if seq is None:
             return torch.empty(0, dtype=torch.float32)
-        return torch.from_numpy(self.sequence.scores(group))
+        return torch.from_numpy(seq.scores(group))
 
     def close(self) -> None:
-        """Frees the sequence's memory now (the daemon's slots too); the cache can start over."""
-        if self.sequence is not None:
-            self.sequence.close()
-        self.sequence = None
+        """Frees the sequences' memory now (the daemon's slots too); the cache can start over."""
+        for seq in self.sequences:
+            seq.close()
+        self.sequences = []
         self.layers = []
+
+    def _row(self, row: int):
+        if not self.sequences:
+            return None
+        if not 0 <= row < len(self.sequences):
+            raise IndexError(f"TieredCache: row {row} of a batch of {len(self.sequences)}")
+        return self.sequences[row]
 
     # ---- between update() and the attention call ----
 
     def _length(self, layer: int) -> int:
-        if self.sequence is None or self.sequence.closed:
+        seq = self.sequence
+        if seq is None or seq.closed:
             return 0
-        return self.sequence.length(layer)
+        return seq.length(layer)
 
     def _hand_over(self, layer: int, key_states, value_states):
         if getattr(_pending, "value", None) is not None:
@@ -265,7 +285,7 @@ class TieredCache(Cache):
         _pending.value = _Pending(self, layer, key_states)
         return key_states, value_states
 
-    def _open(self, module, query_tokens: int, scaling: float) -> None:
+    def _open(self, module, batch: int, query_tokens: int, scaling: float) -> None:
         config = module.config
         shape = (
             int(config.num_hidden_layers),
@@ -289,7 +309,7 @@ class TieredCache(Cache):
                 compressed_bytes=self.local_compressed_bytes,
             ),
         )
-        self.sequence = runtime.open(
+        open_row = lambda row: runtime.open(  # noqa: E731
             policy=self.policy,
             prompt_tokens=query_tokens,
             hbm_ratio=self.hbm_ratio,
@@ -299,8 +319,9 @@ class TieredCache(Cache):
             window_tokens=self.window_tokens,
             protect_prompt=self.protect_prompt,
             retier_interval=self.retier_interval,
-            tag=self.tag,
+            tag=self.tag if batch == 1 else f"{self.tag}[{row}]",
         )
+        self.sequences = [open_row(row) for row in range(batch)]
 
     def _attend(self, module, layer: int, query, key, value, attention_mask, scaling):
         if query.device.type != "cpu":
@@ -309,22 +330,21 @@ class TieredCache(Cache):
                 "memory (the CUDA backend is the GPU path: docs/python.md)"
             )
         batch, heads, n, head_dim = query.shape
-        if batch != 1:
-            raise NotImplementedError(f"TieredCache holds one sequence: batch size 1, got {batch}")
-        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-            raise NotImplementedError("TieredCache holds one sequence: padding is not supported")
-        if self.sequence is None:
+        if not self.sequences:
             if layer != 0:
                 raise RuntimeError(f"TieredCache: the first forward pass began at layer {layer}")
-            self._open(module, n, scaling)
+            self._open(module, batch, n, scaling)
+        elif batch != len(self.sequences):
+            raise ValueError(f"TieredCache holds {len(self.sequences)} rows; this call has {batch}")
         dtype = query.dtype
-        # The kernel computes in float32; other dtypes are converted at this edge.
-        k = key[0].detach().transpose(0, 1).to(torch.float32).contiguous()
-        v = value[0].detach().transpose(0, 1).to(torch.float32).contiguous()
-        self.sequence.append(layer, k, v)
-        q = query[0].detach().transpose(0, 1).to(torch.float32).contiguous()
-        out = torch.empty((1, n, heads, head_dim), dtype=torch.float32)
-        self.sequence.attend(layer, q, out[0])
+        out = torch.empty((batch, n, heads, head_dim), dtype=torch.float32)
+        for row, seq in enumerate(self.sequences):
+            # The kernel computes in float32; other dtypes are converted at this edge.
+            k = key[row].detach().transpose(0, 1).to(torch.float32).contiguous()
+            v = value[row].detach().transpose(0, 1).to(torch.float32).contiguous()
+            seq.append(layer, k, v)
+            q = query[row].detach().transpose(0, 1).to(torch.float32).contiguous()
+            seq.attend(layer, q, out[row])
         return (out if dtype == torch.float32 else out.to(dtype)), None
 
 
@@ -333,6 +353,10 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
     anything else (no cache, another cache class) falls back to transformers' eager attention."""
     pending = getattr(_pending, "value", None)
     if pending is None or pending.key is not key:
+        if attention_mask is None and query.shape[2] > 1:  # kvtier_mask builds none: causal here
+            q, kv = query.shape[2], key.shape[2]
+            attention_mask = torch.full((q, kv), torch.finfo(query.dtype).min, dtype=query.dtype,
+                                        device=query.device).triu(kv - q + 1)[None, None]
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)
     _pending.value = None
     if scaling is None:
@@ -340,4 +364,17 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
     return pending.cache._attend(module, pending.layer, query, key, value, attention_mask, scaling)
 
 
+def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                attention_mask=None, **kwargs):
+    """The ``"kvtier"`` mask: none. kvtier's kernel is causal and skips evicted positions itself,
+    so only a padding mask would add anything, and padding is refused here, where transformers
+    still shows it (the attention call would not see it)."""
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        raise NotImplementedError(
+            "TieredCache: padding is not supported (batch rows of equal length only)"
+        )
+    return None
+
+
 AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kvtier_mask)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import chat_ids, e2e_prompts
+from transformers import DynamicCache
 
 import kvtier
 from kvtier.hf import TieredCache
@@ -124,6 +125,33 @@ def test_generate_works_unchanged_and_reports(hf_model, daemon):
     assert torch.equal(out, out2)  # local pools and kvtierd: the same tokens
 
 
+def test_batch_rows_are_separate_sequences(hf_model):
+    """Two rows of equal length decode as two kvtier sequences: each row's tokens are those of
+    the row alone, logits within 1e-4 (torch's batched matmuls round differently), and each
+    row's KV is placed on its own."""
+    model, tokenizer = hf_model
+    model.set_attn_implementation("kvtier")
+    prompts = [chat_ids(tokenizer, "Name a fruit."), chat_ids(tokenizer, "Name a color.")]
+    assert prompts[0].shape == prompts[1].shape
+    both = TieredCache(**OFFLOAD)
+    alone = [TieredCache(**OFFLOAD), TieredCache(**OFFLOAD)]
+    ids = torch.cat(prompts)
+    singles = list(prompts)
+    for i in range(24):
+        with torch.no_grad():
+            batched = model(input_ids=ids, cache=both, use_cache=True).logits[:, -1]
+        for row in range(2):
+            single = step(model, singles[row], alone[row])
+            assert (batched[row] - single).abs().max().item() < 1e-4, (i, row)
+        ids = batched.argmax(-1, keepdim=True)
+        singles = [ids[row:row + 1] for row in range(2)]
+    for row in range(2):
+        assert both.report(row)["tokens_by_tier"] == alone[row].report()["tokens_by_tier"]
+        assert both.report(row)["tokens_by_tier"][1] > 0
+    with pytest.raises(IndexError, match="row 2 of a batch of 2"):
+        both.report(2)
+
+
 def test_bad_input_raises_clearly_and_loses_nothing(hf_model, tmp_path):
     model, tokenizer = hf_model
     ids = chat_ids(tokenizer, "Say hello.")
@@ -139,10 +167,16 @@ def test_bad_input_raises_clearly_and_loses_nothing(hf_model, tmp_path):
     with pytest.raises(RuntimeError, match="attn_implementation='kvtier'"):
         step(model, ids, TieredCache())
     model.set_attn_implementation("kvtier")
-    with pytest.raises(NotImplementedError, match="batch size 1, got 2"):
-        step(model, ids.repeat(2, 1), TieredCache())
+    with pytest.raises(NotImplementedError, match="padding"):
+        with torch.no_grad():
+            model(input_ids=ids.repeat(2, 1), attention_mask=torch.ones(2, ids.shape[1]).tril(),
+                  cache=TieredCache(), use_cache=True)
     with pytest.raises(kvtier.UnavailableError, match="nobody.sock"):
         step(model, ids, TieredCache(daemon=f"unix:{tmp_path}/nobody.sock"))
+    # "kvtier" without a TieredCache is transformers' eager attention, causal mask included.
+    with torch.no_grad():
+        fallback = model(input_ids=ids, cache=DynamicCache(config=model.config),
+                         use_cache=True).logits[0, -1]
     # Nothing was left half-done: the same model and a fresh cache give the reference logits.
     ok = TieredCache(policy="full")
     got = step(model, ids, ok)
@@ -151,3 +185,4 @@ def test_bad_input_raises_clearly_and_loses_nothing(hf_model, tmp_path):
         want = model(input_ids=ids, use_cache=False).logits[0, -1]
     model.set_attn_implementation("kvtier")
     assert (got - want).abs().max().item() < 1e-3
+    assert (fallback - want).abs().max().item() < 1e-5
