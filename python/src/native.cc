@@ -188,9 +188,8 @@ class Runtime {
 // Not thread-safe, like TieredSequence: the GIL is held across every call on it.
 class Sequence {
  public:
-  Sequence(std::unique_ptr<worker::TieredSequence> seq, const worker::AttentionShape& shape,
-           uint32_t page_tokens)
-      : seq_(std::move(seq)), shape_(shape), page_tokens_(page_tokens) {}
+  Sequence(std::unique_ptr<worker::TieredSequence> seq, const worker::AttentionShape& shape)
+      : seq_(std::move(seq)), shape_(shape) {}
 
   void Append(uint32_t layer, const nb::ndarray<>& k, const nb::ndarray<>& v) {
     const int64_t kvh = shape_.num_kv_heads, d = shape_.head_dim;
@@ -240,10 +239,10 @@ class Sequence {
       ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
           "group ", group, " is out of range: ", store.geometry().layer_groups, " groups")));
     }
-    const uint32_t length = store.Length(0);
+    const uint32_t length = store.Length(0), page_tokens = store.geometry().page_tokens;
     std::vector<uint8_t> tiers(length);
     for (uint32_t p = 0; p < length; ++p) {
-      tiers[p] = static_cast<uint8_t>(store.TierOf(group, p / page_tokens_));
+      tiers[p] = static_cast<uint8_t>(store.TierOf(group, p / page_tokens));
     }
     return NumpyOf(std::move(tiers));
   }
@@ -271,7 +270,6 @@ class Sequence {
 
   std::unique_ptr<worker::TieredSequence> seq_;
   worker::AttentionShape shape_;
-  uint32_t page_tokens_;
 };
 
 std::unique_ptr<Sequence> Runtime::Open(const worker::SequenceOptions& options) {
@@ -280,7 +278,7 @@ std::unique_ptr<Sequence> Runtime::Open(const worker::SequenceOptions& options) 
     nb::gil_scoped_release release;  // opening in daemon mode is an RPC
     seq = ValueOrThrow(runtime_->Open(options));
   }
-  return std::make_unique<Sequence>(std::move(seq), options_.attention, options_.page_tokens);
+  return std::make_unique<Sequence>(std::move(seq), options_.attention);
 }
 
 // ---- the client of kvtierd, for engines that drive their own data plane ----
