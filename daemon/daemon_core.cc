@@ -238,6 +238,7 @@ uint64_t DaemonCoreImpl::FreeSequenceLocked(WorkerRec& w, uint64_t sequence_id) 
     }
   }
   SetFiguresLocked(s, PlacementFigures{});
+  w.scheduled_bytes -= s.scheduled_bytes;
   w.sequences.erase(sequence_id);
   sequences_.erase(it);
   return freed;
@@ -368,6 +369,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   RETURN_IF_ERROR(CheckMax("worker_name length", r.worker_name().size(), kMaxNameBytes));
   if (r.pid() < 0) return Invalid("pid", absl::StrCat("must be >= 0, got ", r.pid()));
   ASSIGN_OR_RETURN(layout::KvGeometry geo, ValidateGeometry(r));
+  ASSIGN_OR_RETURN(LinkDecl link, ValidateLinkLocked(r));
   uint64_t page_bytes = 0;
   for (uint32_t g = 0; g < geo.layer_groups; ++g)
     page_bytes = std::max(page_bytes, geo.PageBytes(g));
@@ -411,6 +413,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   w.geometry = geo;
   w.hbm_budget_bytes = r.hbm_budget_bytes();
   w.page_bytes = {r.t1_page_bytes(), r.t2_page_bytes()};
+  w.link = std::move(link);
   w.last_seen = clock_->Now();
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
@@ -445,6 +448,9 @@ absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::HeartbeatLocked(
     // A heartbeat from any worker the daemon does not know means: register again.
     return absl::FailedPreconditionError(w.status().message());
   }
+  // The lease is renewed either way: a bad figure is refused, the worker is not punished.
+  RETURN_IF_ERROR(ValidateStepSeconds(r.step_seconds()));
+  (*w)->step_seconds = r.step_seconds();
   v1::HeartbeatResponse resp;
   resp.set_lease_ttl_ms(Ms(options_.lease_ttl));
   resp.set_heartbeat_interval_ms(Ms(options_.heartbeat_interval));
@@ -579,6 +585,8 @@ struct DaemonCoreImpl::StatusRows {
     uint32_t uid = 0, sequences = 0;
     std::array<uint64_t, 2> pool_bytes{};
     uint64_t lease_remaining_ms = 0;
+    std::string link_id;
+    double h2d_grant = 0, step_seconds = 0;
   };
   struct Sequence {
     uint64_t id = 0, worker_id = 0, length = 0, plan_version = 0;
@@ -608,6 +616,9 @@ absl::StatusOr<v1::GetStatusResponse> DaemonCoreImpl::GetStatus(
     ws->set_ddr_bytes(w.pool_bytes[0]);
     ws->set_compressed_bytes(w.pool_bytes[1]);
     ws->set_lease_remaining_ms(w.lease_remaining_ms);
+    ws->set_link_id(w.link_id);
+    ws->set_h2d_grant_bytes_per_second(w.h2d_grant);
+    ws->set_step_seconds(w.step_seconds);
   }
   for (const StatusRows::Sequence& s : rows.sequences) {
     v1::SequenceStatus* ss = resp.add_sequence_list();
@@ -664,7 +675,8 @@ DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusR
       const absl::Duration left = w.last_seen + options_.lease_ttl - now;
       rows.workers.push_back({id, w.name, w.model_name, w.pid, w.peer.uid,
                               static_cast<uint32_t>(w.sequences.size()), w.pool_bytes,
-                              left > absl::ZeroDuration() ? Ms(left) : 0});
+                              left > absl::ZeroDuration() ? Ms(left) : 0, w.link.id, w.h2d_grant,
+                              w.step_seconds});
     }
   }
   if (r.include_sequences()) {

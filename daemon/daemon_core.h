@@ -56,6 +56,9 @@ struct CoreOptions {
   std::string listen_address;   // shown in status
   std::string metrics_address;  // shown in status
   uint64_t daemon_epoch = 0;    // 0 = random per start (tests may fix it)
+  // Prefetch schedules: the step time assumed for a worker that has not reported one yet
+  // (turns its link share into bytes per step).
+  absl::Duration assumed_step = absl::Milliseconds(20);
 };
 
 // Owns the pools, the registry of workers and sequences, and the leases. Thread-safe: every

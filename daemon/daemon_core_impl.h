@@ -19,6 +19,7 @@
 #include "core/layout/geometry.h"
 #include "core/tiering/types.h"
 #include "daemon/daemon_core.h"
+#include "daemon/link_schedule.h"
 #include "daemon/metrics.h"
 #include "daemon/placement_figures.h"
 #include "daemon/slot_allocator.h"
@@ -51,6 +52,12 @@ struct WorkerRec {
   // The worker's memory of each pool (index PoolIndex). The registry frees the sequences'
   // slots before a worker record goes away.
   std::array<std::unique_ptr<WorkerMemory>, 2> memory;
+  // Prefetch schedules: the declared link, the last reported step time (0 = none), the sum of
+  // its sequences' SequenceRec::scheduled_bytes, and the last grant on its link.
+  LinkDecl link;
+  double step_seconds = 0;
+  uint64_t scheduled_bytes = 0;
+  double h2d_grant = 0;
 };
 
 // A channel hello's answer, redeemable at RegisterWorker (once) or GetStatus (operators).
@@ -96,8 +103,9 @@ struct SequenceRec {
   uint64_t last_applied = 0;     // last plan applied
   uint64_t next_version = 1;
   std::optional<PendingPlan> pending;
-  bool closed = false;       // freed by the registry; a snapshot in progress gives up
-  PlacementFigures figures;  // of the acknowledged placement
+  bool closed = false;           // freed by the registry; a snapshot in progress gives up
+  PlacementFigures figures;      // of the acknowledged placement
+  uint64_t scheduled_bytes = 0;  // T1/T2 bytes of the last plan's target (schedules)
   // Serializes this sequence's snapshots, and is held across the policy decision, which runs
   // without the core's mu_. Only SubmitSnapshot takes it. Lock order: plan_mu, then mu_ (under
   // mu_ it is only ever tried, never waited for). Every field above is guarded by the core's mu_.
@@ -201,6 +209,21 @@ class DaemonCoreImpl final : public DaemonCore {
                                const std::vector<Slot>& dst, Prepared& prep, v1::TierPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountPlan(const Prepared& prep) const;  // metrics_ must be set
+  // The prefetch schedule of a plan whose target is `target` (daemon_schedule.cc), for a worker
+  // that declared a link: its share of the link now, this sequence's part of it, the pages in
+  // their lists. Records nothing: returns the target's pooled bytes and the grant it used, for
+  // PlanLocked to file once the plan is made.
+  struct ScheduleFigures {
+    uint64_t scheduled_bytes = 0;
+    double h2d_grant = 0;
+  };
+  ScheduleFigures ScheduleLocked(const WorkerRec& w, const SequenceRec& s,
+                                 const tiering::Placement& target, absl::Span<const float> scores,
+                                 v1::PrefetchSchedule* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A registering worker's link, checked against the workers already on it.
+  absl::StatusOr<LinkDecl> ValidateLinkLocked(const v1::RegisterWorkerRequest& r) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::AckPlanResponse> AckLocked(const v1::AckPlanRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::CloseSequenceResponse> CloseLocked(const v1::CloseSequenceRequest& r)

@@ -258,7 +258,9 @@ struct DaemonCoreImpl::Prepared {
   absl::Span<const float> scores;  // the request's
   uint64_t max_plan_bytes = 0;
   std::vector<tiering::Move> moves;
-  PlacementFigures figures;  // of the target
+  PlacementFigures figures;      // of the target
+  uint64_t scheduled_bytes = 0;  // the target's T1/T2 bytes (schedules)
+  double h2d_grant = 0;          // the worker's link share the schedule used
 };
 
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
@@ -429,6 +431,9 @@ absl::StatusOr<std::shared_ptr<const v1::TierPlan>> DaemonCoreImpl::PlanLocked(S
     pending.moves.push_back({m, std::move(dst[i])});
   }
   pending.figures = prep.figures;
+  w.scheduled_bytes += prep.scheduled_bytes - s.scheduled_bytes;
+  s.scheduled_bytes = prep.scheduled_bytes;
+  if (w.link.declared()) w.h2d_grant = prep.h2d_grant;
   pending.sent = plan;
   pending.snapshot_fingerprint = prep.fingerprint;
   s.pending = std::move(pending);
@@ -470,6 +475,11 @@ absl::Status DaemonCoreImpl::BuildPlanLocked(const WorkerRec& w, const SequenceR
     plan.set_degraded_reason(DegradedReason(prep.shortage));
   }
   plan.set_protected_overflow(prep.decision.protected_overflow);
+  if (w.link.declared()) {
+    const ScheduleFigures f = ScheduleLocked(w, s, target, prep.scores, plan.mutable_schedule());
+    prep.scheduled_bytes = f.scheduled_bytes;
+    prep.h2d_grant = f.h2d_grant;
+  }
   plan.set_ddr_extents(w.memory[0]->num_extents());
   plan.set_compressed_extents(w.memory[1]->num_extents());
   prep.figures = ComputeFigures(prep.geometry, target, prep.prompt_tokens, prep.length);
@@ -558,6 +568,7 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
   uint64_t full = 0, t0 = 0;
   for (const auto& [wid, w] : workers_) {
     std::array<uint64_t, 2> held{};
+    uint64_t scheduled = 0;
     for (uint64_t sid : w.sequences) {
       auto it = sequences_.find(sid);
       if (it == sequences_.end() || it->second->worker_id != wid) {
@@ -583,6 +594,7 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
           if (m.dst.valid()) held[PoolOf(m.dst)] += m.dst.bytes();
         }
       }
+      scheduled += s.scheduled_bytes;
       for (int t = 0; t < tiering::kNumTiers; ++t) tokens[t] += s.figures.tokens[t];
       full += s.figures.full_bytes;
       t0 += s.figures.t0_bytes;
@@ -591,6 +603,10 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("worker ", wid, " accounting: holds ", held[0], "/",
                                               held[1], ", recorded ", w.pool_bytes[0], "/",
                                               w.pool_bytes[1]));
+    }
+    if (scheduled != w.scheduled_bytes) {
+      return absl::InternalError(absl::StrCat("worker ", wid, " schedules ", w.scheduled_bytes,
+                                              " bytes, its sequences ", scheduled));
     }
     pool_bytes[0] += held[0];
     pool_bytes[1] += held[1];

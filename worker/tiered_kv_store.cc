@@ -351,7 +351,11 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
   p.scale = scale_;
   p.scratch = scratch_.data();
   p.runner = runner_;
-  kernels::Attention(p, isa_);
+  if (n == 1 && SplitsAt(group, length)) {
+    AttendSplit(p, group);
+  } else {
+    kernels::Attention(p, isa_);
+  }
   TrimStaging();
   stats_.attend_nanos += NanosSince(start);
   return absl::OkStatus();

@@ -82,6 +82,7 @@ struct StoreStats {
   uint64_t t2_layers_dequantized = 0;  // (page, layer) blocks decoded into staging
   uint64_t t2_layers_reused = 0;       // (page, layer) blocks found already staged
   uint64_t attend_nanos = 0;           // time in Attend (staging + kernel)
+  uint64_t split_attends = 0;          // Attend calls merged from two partials
 };
 
 // Full-precision slot bytes of group g (what the worker tells the daemon for T1).
@@ -131,6 +132,16 @@ class TieredKvStore final : public AttentionCache {
   // Local mode: takes destination slots from `source`, applies, and frees released slots there
   // (and the new slots again when the plan is rejected).
   absl::Status ApplyPlanLocal(const std::vector<tiering::Move>& moves, SlotSource& source);
+
+  // --- Split attention (prefetch schedules, docs/scheduling.md). in_place[g] lists the pages
+  // of group g that a schedule leaves in host memory: a decode step (one query) attends them as
+  // a second partial, merged by log-sum-exp with the partial over every other page — exact up
+  // to the rounding of one merge (worker/kernels/attention_merge.h). INVALID_ARGUMENT naming
+  // the group and page, changing nothing, for a page that does not exist, is not in T1/T2 or
+  // is listed twice, or for other than layer_groups lists; an empty vector ends split
+  // attention. A page that leaves T1/T2 later is attended with the rest.
+  absl::Status SetInPlacePages(const std::vector<std::vector<uint32_t>>& in_place);
+  uint64_t in_place_pages() const;  // pages now named in place
 
   // --- Inspection.
   const layout::KvGeometry& geometry() const { return geometry_; }
@@ -197,6 +208,11 @@ class TieredKvStore final : public AttentionCache {
                            std::vector<ReleasedSlot>* released);
   PagePool* PoolOf(tiering::Tier tier) const;
   uint32_t ValidRows(uint32_t group, uint32_t page) const;
+  // The layer's decode-step positions have a live in-place page (split attention applies).
+  bool SplitsAt(uint32_t group, uint32_t length) const;
+  // Attention as two partials (pages in place, the rest) merged by log-sum-exp; `p` is the
+  // unsplit call, its rows in k_rows_/v_rows_.
+  void AttendSplit(const kernels::AttentionParams& p, uint32_t group);
 
   layout::KvGeometry geometry_;
   uint32_t num_q_heads_;
@@ -219,6 +235,10 @@ class TieredKvStore final : public AttentionCache {
   // Per-Attend buffers, kept to avoid reallocation.
   std::vector<const float*> k_rows_, v_rows_;
   std::vector<float> scratch_;
+  // Split attention: [group][page] 1 = in place (empty = none), and per-Attend buffers.
+  std::vector<std::vector<uint8_t>> in_place_;
+  std::vector<const float*> split_k_[2], split_v_[2];
+  std::vector<float> part_out_[2], part_lse_[2], part_mass_[2];
   StoreStats stats_;
 };
 

@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -215,10 +217,15 @@ class WorkerClientImpl final : public WorkerClient {
     return response;
   }
 
+  void ReportStepSeconds(double seconds) override {
+    step_seconds_.store(std::isfinite(seconds) ? std::clamp(seconds, 0.0, 600.0) : 0.0);
+  }
+
   absl::Status HeartbeatOnce() override {
     if (!connected() && generation() == 0) return Register();
     v1::HeartbeatRequest request;
     Sign(&request);
+    request.set_step_seconds(step_seconds_.load());
     {
       absl::MutexLock lock(&mu_);
       request.set_daemon_epoch(epoch_);
@@ -314,6 +321,7 @@ class WorkerClientImpl final : public WorkerClient {
   absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::shared_ptr<ExtentMapping> ddr_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ExtentMapping> compressed_ ABSL_GUARDED_BY(mu_);
+  std::atomic<double> step_seconds_{0};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stop_ = false;

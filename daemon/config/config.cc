@@ -129,6 +129,7 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
   s["pools.extent_dir"] = String(&c->core.extent_dir);
   s["leases.ttl_ms"] = Millis(&c->core.lease_ttl, 100);
   s["leases.heartbeat_ms"] = Millis(&c->core.heartbeat_interval, 10);
+  s["schedules.assumed_step_ms"] = Millis(&c->core.assumed_step, 1);
   s["limits.max_workers"] =
       Integer([c](int64_t v) { c->core.max_workers = static_cast<uint32_t>(v); }, 1, 1 << 16);
   s["limits.max_sequences_per_worker"] = Integer(
@@ -193,7 +194,7 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view
     if (table == nullptr) {
       return Bad(Where(source, section, section_name),
                  "is not a known section (expected [server], [pools], [leases], [limits], "
-                 "[security] or [policy])");
+                 "[security], [schedules] or [policy])");
     }
     for (auto&& [key, value] : *table) {
       std::string full = absl::StrCat(section_name, ".", std::string(key.str()));

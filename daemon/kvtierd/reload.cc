@@ -77,6 +77,7 @@ ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh
   later.Mode("pools.mode", a.shm_mode, b.shm_mode);
   later.Number("pools.extent_mib", a.extent_bytes >> 20, b.extent_bytes >> 20);
   later.Text("pools.extent_dir", a.extent_dir, b.extent_dir);
+  later.Millis("schedules.assumed_step_ms", a.assumed_step, b.assumed_step);
   later.Number("limits.max_snapshot_entries", a.max_snapshot_entries, b.max_snapshot_entries);
   later.Text("policy.name", running.policy.name, fresh.policy.name);
   later.Ratio("policy.hbm_ratio", running.policy.hbm_ratio, fresh.policy.hbm_ratio);

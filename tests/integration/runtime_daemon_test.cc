@@ -3,6 +3,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -27,9 +29,12 @@ using kvtier::testing::Lossless;
 // back in the background (DaemonLane), so the tests pace their steps like a model would.
 constexpr absl::Duration kStep = absl::Milliseconds(1);
 
-std::unique_ptr<WorkerRuntime> Runtime(const std::string& daemon) {
-  auto r = WorkerRuntime::Create(
-      {.attention = Shape(), .page_tokens = 4, .daemon_address = daemon, .arena_bytes = 1 << 28});
+std::unique_ptr<WorkerRuntime> Runtime(const std::string& daemon, v1::HostLink link = {}) {
+  auto r = WorkerRuntime::Create({.attention = Shape(),
+                                  .page_tokens = 4,
+                                  .daemon_address = daemon,
+                                  .arena_bytes = 1 << 28,
+                                  .link = link});
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *std::move(r) : nullptr;
 }
@@ -114,6 +119,64 @@ TEST(RuntimeDaemonTest, DaemonKilledMidSequenceLosesNothingAndWorkersRejoin) {
   auto fresh = remote->Open(Lossless(0.3));
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE((*fresh)->daemon_backed());
+}
+
+// A worker that declares a narrow host link gets schedules with every plan and follows them:
+// the pages they leave in place are attended by split attention (exact up to one merge's
+// rounding), and a stale schedule is refused without changing a thing — after it, attention is
+// whole again and bit-identical to `full`.
+TEST(RuntimeDaemonTest, SchedulesAreFollowedWithSplitAttentionAndAStaleOneIsRefused) {
+  auto daemon = DaemonProcess::Start({});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  v1::HostLink link;
+  link.set_link_id("sw0");
+  link.set_link_bytes_per_second(2e5);  // 4 KB a 20 ms step: most of T1 stays in place
+  link.set_staging_bytes(2048);
+  auto local = Runtime("");
+  auto remote = Runtime((*daemon)->address(), link);
+  ASSERT_TRUE(local && remote);
+  auto full = local->Open(Lossless(1));
+  auto tiered = remote->Open(Lossless(0.3));
+  ASSERT_TRUE(full.ok() && tiered.ok()) << tiered.status();
+  SyntheticEngine engine(Shape(), 8);
+  std::vector<float> a, b;
+  ASSERT_TRUE(engine.Forward(**full, 24, &a).ok());
+  ASSERT_TRUE(engine.Forward(**tiered, 24, &b).ok());
+  double worst = 0;
+  for (int step = 0; step < 160; ++step) {
+    ASSERT_TRUE(engine.Forward(**full, 1, &a).ok());
+    ASSERT_TRUE(engine.Forward(**tiered, 1, &b).ok());
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double{std::fabs(a[i] - b[i])});
+    absl::SleepFor(kStep);
+  }
+  SequenceReport r = (*tiered)->Report();
+  ASSERT_TRUE((*tiered)->daemon_backed());
+  EXPECT_GT(r.schedules, 3u);
+  EXPECT_EQ(r.schedules_refused, 0u);
+  EXPECT_GT(r.in_place_bytes, 0u) << "the narrow link leaves pages in place";
+  EXPECT_LE(r.resident_bytes, 2048u);
+  EXPECT_GT(r.split_attends, 0u);
+  EXPECT_LT(worst, 1e-4) << "split attention is exact up to rounding";
+  // The daemon shows the worker's share of its link and the step time it measured.
+  auto status = remote->client()->GetStatus(true, false);
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->worker_list_size(), 1);
+  EXPECT_EQ(status->worker_list(0).link_id(), "sw0");
+  EXPECT_GT(status->worker_list(0).h2d_grant_bytes_per_second(), 0);
+  EXPECT_LE(status->worker_list(0).h2d_grant_bytes_per_second(), 2e5);
+
+  // A schedule of an older plan arrives late: refused, and attention is whole from then on.
+  absl::Status stale = (*tiered)->FollowSchedule(1, v1::PrefetchSchedule());
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_NE(stale.message().find("stale"), std::string::npos) << stale;
+  EXPECT_EQ((*tiered)->Report().schedules_refused, 1u);
+  EXPECT_EQ((*tiered)->store().in_place_pages(), 0u);
+  const uint64_t splits = (*tiered)->store().stats().split_attends;
+  std::vector<float> a2, b2;
+  ASSERT_TRUE(engine.Forward(**full, 1, &a2).ok());
+  ASSERT_TRUE(engine.Forward(**tiered, 1, &b2).ok());
+  EXPECT_EQ((*tiered)->store().stats().split_attends, splits);
+  EXPECT_EQ(0, std::memcmp(a2.data(), b2.data(), a2.size() * sizeof(float)));
 }
 
 }  // namespace

@@ -23,6 +23,11 @@ nlohmann::json SequenceReportJson(const SequenceReport& s) {
       {"degraded_plans", s.degraded_plans},
       {"local_plans", s.local_plans},
       {"protected_overflow_plans", s.protected_overflow_plans},
+      {"schedules", s.schedules},
+      {"schedules_refused", s.schedules_refused},
+      {"schedule_bytes",
+       {{"resident", s.resident_bytes}, {"stage", s.stage_bytes}, {"in_place", s.in_place_bytes}}},
+      {"split_attends", s.split_attends},
       {"tier_seconds", s.tier_nanos / 1e9},
       {"attend_seconds", s.attend_nanos / 1e9},
   };

@@ -7,6 +7,7 @@
 #include "core/tiering/plan.h"
 #include "kvtier/client.h"
 #include "worker/page_pool.h"
+#include "worker/runtime/schedule_follow.h"
 
 namespace kvtier::worker {
 namespace {
@@ -90,6 +91,7 @@ absl::Status TieredSequence::EndForwardPass(uint32_t n) {
     }
     attention.insert(attention.end(), mass.begin(), mass.end());
   }
+  MeasureStep();
   if (!prefilled_) {
     RETURN_IF_ERROR(scores_.SeedPrefill(attention, length, tiering::AttentionLayout::kHeadSummed));
     prefilled_ = true;
@@ -277,7 +279,49 @@ absl::Status TieredSequence::ApplyDaemonPlan(const v1::TierPlan& plan, bool back
   report_.degraded_plans += plan.degraded();
   report_.protected_overflow_plans += plan.protected_overflow();
   RETURN_IF_ERROR(scores_.FreezeEvicted(store_->placement(), g.page_tokens));
+  // A refused schedule is counted and leaves attention whole: the plan itself stands.
+  (void)FollowSchedule(plan.plan_version(),
+                       plan.has_schedule() ? plan.schedule() : v1::PrefetchSchedule());
   return acked;
+}
+
+absl::Status TieredSequence::FollowSchedule(uint64_t plan_version,
+                                            const v1::PrefetchSchedule& schedule) {
+  auto refuse = [&](absl::Status why) {
+    ++report_.schedules_refused;
+    (void)store_->SetInPlacePages({});
+    report_.resident_bytes = report_.stage_bytes = report_.in_place_bytes = 0;
+    return why;
+  };
+  if (plan_version != acked_version_) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "schedule of plan ", plan_version, " is stale: plan ", acked_version_, " is in force")));
+  }
+  if (schedule.groups_size() == 0) {  // no link declared: nothing to follow
+    (void)store_->SetInPlacePages({});
+    report_.resident_bytes = report_.stage_bytes = report_.in_place_bytes = 0;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<FollowedSchedule> followed = CheckSchedule(schedule, *store_);
+  if (!followed.ok()) return refuse(followed.status());
+  absl::Status set = store_->SetInPlacePages(followed->in_place);
+  if (!set.ok()) return refuse(set);
+  ++report_.schedules;
+  report_.resident_bytes = followed->resident_bytes;
+  report_.stage_bytes = followed->stage_bytes;
+  report_.in_place_bytes = followed->in_place_bytes;
+  return absl::OkStatus();
+}
+
+void TieredSequence::MeasureStep() {
+  const uint64_t now = NowNanos();
+  const uint64_t last = last_pass_nanos_;
+  last_pass_nanos_ = now;
+  // Decode steps only: the pass before is a step too, and a prefill is not one.
+  if (!prefilled_ || last == 0 || client_ == nullptr) return;
+  const double step = static_cast<double>(now - last) / 1e9;
+  step_seconds_ = step_seconds_ == 0 ? step : 0.9 * step_seconds_ + 0.1 * step;
+  client_->ReportStepSeconds(step_seconds_);
 }
 
 absl::Status TieredSequence::StartRetier() {
@@ -341,6 +385,7 @@ void TieredSequence::Account() {
     }
   }
   const StoreStats& s = store_->stats();
+  report_.split_attends = s.split_attends;
   auto moved = [&](Tier from, Tier to) {
     return s.move_bytes[static_cast<int>(from)][static_cast<int>(to)];
   };

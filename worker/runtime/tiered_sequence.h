@@ -42,8 +42,13 @@ struct SequenceReport {
   uint64_t offload_bytes = 0, compress_bytes = 0, promote_bytes = 0, decompress_bytes = 0;
   uint64_t plans = 0, degraded_plans = 0, local_plans = 0;
   uint64_t protected_overflow_plans = 0;
-  uint64_t tier_nanos = 0;    // deciding and executing plans (incl. daemon round trips)
-  uint64_t attend_nanos = 0;  // attention over the tiers (incl. T2 staging)
+  // Prefetch schedules (daemon mode, a declared link): followed and refused, and the bytes of
+  // the one in force by class (what a GPU would keep staged, copy per step, read in place).
+  uint64_t schedules = 0, schedules_refused = 0;
+  uint64_t resident_bytes = 0, stage_bytes = 0, in_place_bytes = 0;
+  uint64_t split_attends = 0;  // attention calls merged from two partials
+  uint64_t tier_nanos = 0;     // deciding and executing plans (incl. daemon round trips)
+  uint64_t attend_nanos = 0;   // attention over the tiers (incl. T2 staging)
 };
 
 struct SequenceOptions {
@@ -78,6 +83,12 @@ class TieredSequence final : public AttentionCache {
   bool daemon_backed() const { return client_ != nullptr && !orphaned_; }
   // Times the sequence re-opened under a new session.
   uint64_t rejoins() const { return rejoins_; }
+  // Follows the prefetch schedule of plan `plan_version` (docs/scheduling.md): the pages it
+  // leaves in place are attended by split attention until the next plan. FAILED_PRECONDITION
+  // for a schedule of a plan other than the last one applied (stale); INVALID_ARGUMENT (see
+  // CheckSchedule) for one that does not match the store. A refused schedule ends split
+  // attention (every page attended whole) and is counted; nothing else changes.
+  absl::Status FollowSchedule(uint64_t plan_version, const v1::PrefetchSchedule& schedule);
 
  private:
   friend class WorkerRuntime;
@@ -104,6 +115,8 @@ class TieredSequence final : public AttentionCache {
                                                  bool allow_offloads);
   void Account();
   void ReleaseHeldSlots();
+  // Tells the client the decode step time (a moving mean), for the daemon's schedules.
+  void MeasureStep();
 
   SequenceOptions options_;
   std::unique_ptr<TieredKvStore> store_;
@@ -124,6 +137,8 @@ class TieredSequence final : public AttentionCache {
   uint64_t rejoins_ = 0;
   uint64_t generation_ = 0;
   uint64_t acked_version_ = 0;
+  uint64_t last_pass_nanos_ = 0;
+  double step_seconds_ = 0;       // moving mean of decode steps
   bool exchange_failed_ = false;  // the last snapshot, plan or ack may not have arrived
   bool orphaned_ = false;
   std::shared_ptr<PoolMapping> ddr_mapping_, compressed_mapping_;  // keep old pools mapped

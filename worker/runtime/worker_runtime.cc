@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   g->set_layer_groups(geometry.layer_groups);
   g->set_model_name(options.worker_name);
   r.mutable_gpu()->set_name("cpu");
+  if (options.link.link_bytes_per_second() > 0) *r.mutable_link() = options.link;
   r.set_hbm_budget_bytes(options.arena_bytes);
   uint64_t t1 = 0, t2 = 0;
   for (uint32_t grp = 0; grp < geometry.layer_groups; ++grp) {

@@ -37,6 +37,10 @@ struct RuntimeOptions {
   uint64_t local_ddr_bytes = 2ull << 30;
   uint64_t local_compressed_bytes = 1ull << 30;
   bool portable_kernel = false;  // force the portable attention kernel
+  // Daemon mode: the host link to declare for prefetch schedules (docs/scheduling.md); unset =
+  // none (no schedules, attention unsplit). The CPU backend follows a schedule by attending the
+  // pages it leaves in place as a second partial (split attention).
+  v1::HostLink link;
 };
 
 // Thread-safe: sequences may be opened from several threads; each sequence is single-threaded.

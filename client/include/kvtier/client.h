@@ -95,6 +95,10 @@ class WorkerClient {
   virtual absl::Status HeartbeatOnce() = 0;
   // The lease TTL the daemon last announced (register and every heartbeat).
   virtual absl::Duration lease_ttl() const = 0;
+  // The decode step time this worker measures (a recent mean), sent with every heartbeat: the
+  // daemon turns the worker's share of its host link into bytes per step with it (prefetch
+  // schedules). Non-finite or negative values count as 0 (unknown); at most 600 s.
+  virtual void ReportStepSeconds(double seconds) = 0;
 };
 
 }  // namespace kvtier

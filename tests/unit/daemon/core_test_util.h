@@ -101,8 +101,11 @@ class SimWorker {
     uint64_t last_plan = 0;
   };
 
-  SimWorker(DaemonCore* core, uint32_t groups = 1) : core_(core), groups_(groups) {
-    auto r = Register(core, WorkerRequest(groups));
+  SimWorker(DaemonCore* core, uint32_t groups = 1) : SimWorker(core, WorkerRequest(groups)) {}
+  // Registers `request` (its geometry's layer_groups are the worker's).
+  SimWorker(DaemonCore* core, const v1::RegisterWorkerRequest& request)
+      : core_(core), groups_(request.geometry().layer_groups()) {
+    auto r = Register(core, request);
     EXPECT_TRUE(r.ok()) << r.status();
     if (r.ok()) resp_ = *r;
   }

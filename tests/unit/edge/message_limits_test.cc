@@ -51,6 +51,13 @@ v1::TierPlan WidestPlan(uint64_t entries) {
   r->set_evicted_fraction_generated(1);
   r->set_t0_bytes(~0ull);
   r->set_full_bytes(~0ull);
+  // The widest schedule: a group for every page, each page's index at its widest.
+  v1::PrefetchSchedule* s = p.mutable_schedule();
+  s->set_h2d_bytes_per_step(~0ull);
+  s->set_h2d_bytes_per_second(1e12);
+  s->set_staging_bytes(~0ull);
+  s->set_step_seconds(600);
+  for (uint64_t i = 0; i < entries; ++i) s->add_groups()->add_in_place(~0u);
   return p;
 }
 

@@ -386,3 +386,84 @@ TEST(TieredKvStoreTest, SlotSizesFollowGeometryAndCodec) {
 
 }  // namespace
 }  // namespace kvtier::worker
+
+namespace kvtier::worker {
+namespace {
+
+// Split attention (prefetch schedules): the pages a schedule leaves in host memory are attended
+// as a second partial and merged by log-sum-exp. Not bit-identical (the zero-error tests above
+// check the unsplit mode, where staged and in-place pages are read by one kernel call): exact up
+// to one merge's rounding, a few ulp of outputs that are averages of unit-scale values.
+constexpr double kSplitTolerance = 4e-6;
+
+TEST(TieredKvStoreSplitTest, SplitAttentionMatchesUnsplitWithinOneMergesRounding) {
+  std::mt19937 rng(77);
+  uint64_t split = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const TieredKvStoreOptions o = RandomOptions(rng);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " page " << o.geometry.page_tokens
+                                      << " groups " << o.geometry.layer_groups);
+    TwinDriver d(o, 500 + trial);
+    d.Step(std::uniform_int_distribution<uint32_t>(8, 40)(d.rng()));
+    for (int step = 0; step < 24; ++step) {
+      if (step % 4 == 0) {
+        d.RandomRetier({Tier::kT0, Tier::kT1}, 0.5);
+        // About half of the T1 pages of each group attended in place.
+        std::vector<std::vector<uint32_t>> in_place(o.geometry.layer_groups);
+        std::bernoulli_distribution pick(0.5);
+        for (uint32_t g = 0; g < o.geometry.layer_groups; ++g) {
+          for (uint32_t p = 0; p < d.test().num_pages(); ++p) {
+            if (d.test().TierOf(g, p) == Tier::kT1 && pick(d.rng())) in_place[g].push_back(p);
+          }
+        }
+        ASSERT_TRUE(d.test().SetInPlacePages(in_place).ok());
+      }
+      ASSERT_NO_FATAL_FAILURE(d.Step(1, kSplitTolerance));
+    }
+    split += d.test().stats().split_attends;
+  }
+  EXPECT_GT(split, 500u) << "attention really ran split";
+}
+
+TEST(TieredKvStoreSplitTest, InPlacePagesMustLiveInHostMemoryAndARefusalChangesNothing) {
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16, 2);
+  o.num_q_heads = 9;
+  TwinDriver d(o, 9);
+  d.Step(64);  // 4 pages a group, all in T0
+  ASSERT_TRUE(d.test()
+                  .ApplyPlanLocal({{0, 1, Tier::kT0, Tier::kT1}, {1, 2, Tier::kT0, Tier::kT1}},
+                                  *d.rig().slots)
+                  .ok());
+  ASSERT_TRUE(d.test().SetInPlacePages({{1}, {2}}).ok());
+  EXPECT_EQ(d.test().in_place_pages(), 2u);
+  struct Case {
+    std::vector<std::vector<uint32_t>> lists;
+    const char* says;
+  };
+  const Case cases[] = {
+      {{{0}, {}}, "group 0 page 0 is in T0"},
+      {{{1}, {9}}, "group 1 page 9 does not exist"},
+      {{{1, 1}, {}}, "listed twice"},
+      {{{1}}, "expected layer_groups = 2"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = d.test().SetInPlacePages(c.lists);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.says));
+    EXPECT_EQ(d.test().in_place_pages(), 2u) << "the schedule in force stays";
+  }
+  // A page promoted back to T0 is attended with the rest: bit-identical to the reference again.
+  ASSERT_TRUE(d.test()
+                  .ApplyPlanLocal({{0, 1, Tier::kT1, Tier::kT0}, {1, 2, Tier::kT1, Tier::kT0}},
+                                  *d.rig().slots)
+                  .ok());
+  const uint64_t before = d.test().stats().split_attends;
+  ASSERT_NO_FATAL_FAILURE(d.Step(1));
+  EXPECT_EQ(d.test().stats().split_attends, before);
+  ASSERT_TRUE(d.test().SetInPlacePages({}).ok());
+  EXPECT_EQ(d.test().in_place_pages(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier::worker
