@@ -293,9 +293,10 @@ void AddTo(float* dst, const float* src, uint32_t n) {
 }
 
 // Positions per block of the value pass: a block's V rows stay in L1 while every query head of
-// the group sweeps it. Blocking does not change any sum's order (each output element still
+// the group sweeps it, next to the rows prefetched ahead (16 rows, 12 KiB for SmolLM, measured
+// faster than 32 here). Blocking does not change any sum's order (each output element still
 // accumulates position by position).
-constexpr uint32_t kValueBlock = 32;
+constexpr uint32_t kValueBlock = 16;
 
 // For the G query heads of kv head `kvh` (weights w + g * stride, outputs o + g * hd), adds
 // sum over positions [b, e) of w_g[pos] * v_rows[pos][off .. off + 8 * NV). Each V chunk is
@@ -397,10 +398,17 @@ void AccumulateUnit(const AttentionParams& p, const float* w, size_t stride, con
 void AccumulateValues(const AttentionParams& p, const float* w, size_t stride, uint32_t b,
                       uint32_t e, float* out, RowPrefetcher& pf) {
   std::fill(out, out + size_t{p.num_q_heads} * p.head_dim, 0.f);
+  uint32_t units = 0;
+  ForEachValueUnit(p, [&](const ValueUnit&) { ++units; });
   for (uint32_t i = b; i < e; i += kValueBlock) {
     const uint32_t end = std::min(e, i + kValueBlock);
-    pf.V(end - 1);
-    ForEachValueUnit(p, [&](const ValueUnit& u) { AccumulateUnit(p, w, stride, u, i, end, out); });
+    // The block's prefetches are spread over its units: a burst of them at the block's start
+    // fills the miss buffers and stalls the loads behind it.
+    uint32_t k = 0;
+    ForEachValueUnit(p, [&](const ValueUnit& u) {
+      pf.V(i + (end - i) * ++k / units - 1);
+      AccumulateUnit(p, w, stride, u, i, end, out);
+    });
   }
 }
 
