@@ -436,7 +436,7 @@ void BM_DecodeAttentionThreads(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAttentionThreads)
     ->ArgNames({"context", "threads", "t1_pct"})
-    ->ArgsProduct({{2048, 4096, 16384}, {1, 2}, {0, 50}})
+    ->ArgsProduct({{2048, 4096, 8192, 16384}, {1, 2}, {0, 50}})
     ->UseManualTime();
 
 // Share of attention time spent emitting position_mass: with and without, interleaved.

@@ -10,15 +10,14 @@
 // array, reductions over positions run in position order in fixed-width vector lanes, and the
 // output accumulates position by position.
 //
-// Threads (AttentionParams::runner): one query is split into phases whose every sum keeps the
-// single-thread order, so the result is bit-identical whatever the runner and its thread count:
-// scores over chunks of positions (each score is independent), softmax per head (each head's
-// max and sum run over all its positions in one task), then the value pass split over
-// (kv head, 8-lane block of head_dim) units (each output element still accumulates position by
-// position) while position_mass is summed over heads per chunk of positions. Several queries
-// (prefill) run in fixed blocks of queries, each block serially with its own position_mass
-// partial; partials are added in block order, so position_mass does not depend on the thread
-// count either (it may differ from a one-block sum in the last bits).
+// Threads (AttentionParams::runner): a query's positions are attended in spans of 256 fixed from
+// position 0 (each span's scores, softmax numerators against its own max and value sum computed
+// alone), merged in span order by log-sum-exp, then each span's numerators are scaled into the
+// weights position_mass sums over heads in head order. One query splits over spans, so the
+// result is bit-identical whatever the runner and its thread count. Several queries (prefill)
+// run in fixed blocks of queries, each block serially with its own position_mass partial;
+// partials are added in block order, so position_mass does not depend on the thread count
+// either (it may differ from a one-block sum in the last bits).
 
 #include <cstddef>
 #include <cstdint>
