@@ -201,7 +201,7 @@ class DaemonCoreImpl final : public DaemonCore {
   bool MakeSpare(PoolBudget& budget) ABSL_LOCKS_EXCLUDED(mu_);
   // Grants the target's destinations (degrading `prep`'s target where short), builds the wire
   // plan and records it as the plan in flight. NOT_FOUND when the sequence was freed meanwhile.
-  absl::StatusOr<std::shared_ptr<const v1::TierPlan>> PlanLocked(SequenceRec& s, Prepared& prep)
+  absl::StatusOr<std::shared_ptr<v1::TierPlan>> PlanLocked(SequenceRec& s, Prepared& prep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ordered moves, figures and the wire plan. RESOURCE_EXHAUSTED when the plan would exceed the
   // message limit (then nothing is recorded).
@@ -209,17 +209,19 @@ class DaemonCoreImpl final : public DaemonCore {
                                const std::vector<Slot>& dst, Prepared& prep, v1::TierPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountPlan(const Prepared& prep) const;  // metrics_ must be set
-  // The prefetch schedule of a plan whose target is `target` (daemon_schedule.cc), for a worker
-  // that declared a link: its share of the link now, this sequence's part of it, the pages in
-  // their lists. Records nothing: returns the target's pooled bytes and the grant it used, for
-  // PlanLocked to file once the plan is made.
+  // What the prefetch schedule of a plan whose target is `target` may use (daemon_schedule.cc),
+  // for a worker that declared a link: its share of the link now and this sequence's part of
+  // it. O(workers on the link); the page lists are built after mu_ is released (Snapshot).
+  // Records nothing: PlanLocked files the figures once the plan is made.
   struct ScheduleFigures {
-    uint64_t scheduled_bytes = 0;
-    double h2d_grant = 0;
+    uint64_t scheduled_bytes = 0;  // the target's T1/T2 bytes
+    uint64_t pooled_pages = 0;
+    double h2d_grant = 0;  // the worker's share of its link
+    double step_seconds = 0;
+    SequenceBudget budget;
   };
   ScheduleFigures ScheduleLocked(const WorkerRec& w, const SequenceRec& s,
-                                 const tiering::Placement& target, absl::Span<const float> scores,
-                                 v1::PrefetchSchedule* out) const
+                                 const tiering::Placement& target) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A registering worker's link, checked against the workers already on it.
   absl::StatusOr<LinkDecl> ValidateLinkLocked(const v1::RegisterWorkerRequest& r) const

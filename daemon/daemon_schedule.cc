@@ -18,11 +18,8 @@ absl::StatusOr<LinkDecl> DaemonCoreImpl::ValidateLinkLocked(
   return link;
 }
 
-DaemonCoreImpl::ScheduleFigures DaemonCoreImpl::ScheduleLocked(const WorkerRec& w,
-                                                               const SequenceRec& s,
-                                                               const tiering::Placement& target,
-                                                               absl::Span<const float> scores,
-                                                               v1::PrefetchSchedule* out) const {
+DaemonCoreImpl::ScheduleFigures DaemonCoreImpl::ScheduleLocked(
+    const WorkerRec& w, const SequenceRec& s, const tiering::Placement& target) const {
   const double assumed = absl::ToDoubleSeconds(options_.assumed_step);
   auto member = [&](const WorkerRec& m, uint64_t pooled) {
     return LinkMember{m.link.bytes_per_second, pooled, m.link.staging_bytes,
@@ -30,6 +27,9 @@ DaemonCoreImpl::ScheduleFigures DaemonCoreImpl::ScheduleLocked(const WorkerRec& 
   };
   ScheduleFigures f;
   f.scheduled_bytes = PooledBytes(target, w.page_bytes);
+  for (tiering::Tier t : target.tiers) {
+    f.pooled_pages += t == tiering::Tier::kT1 || t == tiering::Tier::kT2;
+  }
   // What the worker holds with this plan's target in place of the sequence's last one.
   const uint64_t worker_pooled = w.scheduled_bytes - s.scheduled_bytes + f.scheduled_bytes;
   std::vector<LinkMember> members = {member(w, worker_pooled)};
@@ -41,12 +41,9 @@ DaemonCoreImpl::ScheduleFigures DaemonCoreImpl::ScheduleLocked(const WorkerRec& 
     }
   }
   f.h2d_grant = LinkGrant(members, 0);
-  const double step = members[0].step_seconds;
-  const SequenceBudget budget =
-      ShareOfWorker(f.h2d_grant, step, w.link.staging_bytes, f.scheduled_bytes, worker_pooled);
-  BuildSchedule(target, scores, w.page_bytes, budget, out);
-  out->set_h2d_bytes_per_second(f.h2d_grant);
-  out->set_step_seconds(step);
+  f.step_seconds = members[0].step_seconds;
+  f.budget = ShareOfWorker(f.h2d_grant, f.step_seconds, w.link.staging_bytes, f.scheduled_bytes,
+                           worker_pooled);
   return f;
 }
 

@@ -258,9 +258,8 @@ struct DaemonCoreImpl::Prepared {
   absl::Span<const float> scores;  // the request's
   uint64_t max_plan_bytes = 0;
   std::vector<tiering::Move> moves;
-  PlacementFigures figures;      // of the target
-  uint64_t scheduled_bytes = 0;  // the target's T1/T2 bytes (schedules)
-  double h2d_grant = 0;          // the worker's link share the schedule used
+  PlacementFigures figures;                 // of the target
+  std::optional<ScheduleFigures> schedule;  // the worker declared a link
 };
 
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
@@ -309,7 +308,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
                                                   prep.current, prep.scores));
   // New extents are made without the lock first (at most twice; a grant that still finds no
   // spare, raced away by another sequence's, makes its own under the lock).
-  std::shared_ptr<const v1::TierPlan> plan;
+  std::shared_ptr<v1::TierPlan> plan;
   for (int round = 0; plan == nullptr; ++round) {
     std::array<uint32_t, 2> make{};
     {
@@ -323,6 +322,15 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
     for (int p = 0; p < 2; ++p) {
       for (uint32_t k = 0; k < make[p]; ++k) MakeSpare(*pools_[p]);
     }
+  }
+  if (prep.schedule.has_value()) {
+    // The page lists (a sort over the target's pooled pages) are built without mu_; plan_mu,
+    // still held, keeps a replay of this snapshot from reading the plan before they are in.
+    const ScheduleFigures& f = *prep.schedule;
+    v1::PrefetchSchedule* schedule = plan->mutable_schedule();
+    BuildSchedule(prep.decision.target, prep.scores, prep.page_bytes, f.budget, schedule);
+    schedule->set_h2d_bytes_per_second(f.h2d_grant);
+    schedule->set_step_seconds(f.step_seconds);
   }
   if (metrics_ != nullptr) CountPlan(prep);
   return *plan;
@@ -410,8 +418,8 @@ bool DaemonCoreImpl::MakeSpare(PoolBudget& budget) {
   return ok;
 }
 
-absl::StatusOr<std::shared_ptr<const v1::TierPlan>> DaemonCoreImpl::PlanLocked(SequenceRec& s,
-                                                                               Prepared& prep) {
+absl::StatusOr<std::shared_ptr<v1::TierPlan>> DaemonCoreImpl::PlanLocked(SequenceRec& s,
+                                                                         Prepared& prep) {
   if (s.closed) return Closed(s.id);
   WorkerRec& w = workers_.at(s.worker_id);  // an open sequence's worker is registered
   Placement& target = prep.decision.target;
@@ -431,9 +439,11 @@ absl::StatusOr<std::shared_ptr<const v1::TierPlan>> DaemonCoreImpl::PlanLocked(S
     pending.moves.push_back({m, std::move(dst[i])});
   }
   pending.figures = prep.figures;
-  w.scheduled_bytes += prep.scheduled_bytes - s.scheduled_bytes;
-  s.scheduled_bytes = prep.scheduled_bytes;
-  if (w.link.declared()) w.h2d_grant = prep.h2d_grant;
+  if (prep.schedule.has_value()) {
+    w.scheduled_bytes += prep.schedule->scheduled_bytes - s.scheduled_bytes;
+    s.scheduled_bytes = prep.schedule->scheduled_bytes;
+    w.h2d_grant = prep.schedule->h2d_grant;
+  }
   pending.sent = plan;
   pending.snapshot_fingerprint = prep.fingerprint;
   s.pending = std::move(pending);
@@ -476,16 +486,16 @@ absl::Status DaemonCoreImpl::BuildPlanLocked(const WorkerRec& w, const SequenceR
   }
   plan.set_protected_overflow(prep.decision.protected_overflow);
   if (w.link.declared()) {
-    const ScheduleFigures f = ScheduleLocked(w, s, target, prep.scores, plan.mutable_schedule());
-    prep.scheduled_bytes = f.scheduled_bytes;
-    prep.h2d_grant = f.h2d_grant;
+    prep.schedule = ScheduleLocked(w, s, target);
   }
   plan.set_ddr_extents(w.memory[0]->num_extents());
   plan.set_compressed_extents(w.memory[1]->num_extents());
   prep.figures = ComputeFigures(prep.geometry, target, prep.prompt_tokens, prep.length);
   prep.figures.ToProto(plan.mutable_report());
   // Never record a plan that could not be sent.
-  const uint64_t plan_bytes = plan.ByteSizeLong();
+  const uint64_t plan_bytes =
+      plan.ByteSizeLong() +
+      (prep.schedule ? ScheduleBytesBound(target.num_groups, prep.schedule->pooled_pages) : 0);
   if (plan_bytes > prep.max_plan_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "plan of ", plan_bytes, " bytes exceeds the message limit (", prep.max_plan_bytes, ")"));

@@ -111,6 +111,12 @@ uint64_t PooledBytes(const tiering::Placement& p, const std::array<uint64_t, 2>&
   return bytes;
 }
 
+uint64_t ScheduleBytesBound(uint32_t groups, uint64_t pooled_pages) {
+  // Four scalars (11 bytes each at most), per group a message and three packed lists (tag and
+  // length, 6 bytes each), a varint of at most 5 bytes a page.
+  return 4 * 11 + uint64_t{groups} * 4 * 6 + pooled_pages * 5;
+}
+
 void BuildSchedule(const tiering::Placement& target, absl::Span<const float> scores,
                    const std::array<uint64_t, 2>& page_bytes, const SequenceBudget& budget,
                    v1::PrefetchSchedule* out) {

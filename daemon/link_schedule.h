@@ -70,6 +70,9 @@ SequenceBudget ShareOfWorker(double grant_bytes_per_second, double step_seconds,
 // T1/T2 bytes of a placement: page_bytes per pool (index 0 = T1, 1 = T2).
 uint64_t PooledBytes(const tiering::Placement& p, const std::array<uint64_t, 2>& page_bytes);
 
+// An upper bound of the serialized schedule of `pooled_pages` T1/T2 pages over `groups`.
+uint64_t ScheduleBytesBound(uint32_t groups, uint64_t pooled_pages);
+
 // The schedule of a target placement: every T1/T2 page in exactly one list of its group,
 // ranked by `scores` (group-major, as the snapshot's) — resident, then staged in the order to
 // issue, then in place. T0 and T3 pages never appear.

@@ -59,9 +59,13 @@ void ExpectCovers(const v1::PrefetchSchedule& s, const std::string& target, uint
     take(gs.stage(), &staged);
     take(gs.in_place(), nullptr);
   }
+  uint64_t pooled = 0;
   for (size_t i = 0; i < target.size(); ++i) {
     EXPECT_EQ(seen[i], target[i] == 1 || target[i] == 2 ? 1 : 0) << "entry " << i;
+    pooled += target[i] == 1 || target[i] == 2;
   }
+  // The bound the daemon's message-size check counts on.
+  EXPECT_LE(s.ByteSizeLong(), ScheduleBytesBound(groups, pooled));
   EXPECT_LE(resident, s.staging_bytes());
   EXPECT_LE(staged, s.h2d_bytes_per_step());
 }
