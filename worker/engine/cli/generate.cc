@@ -68,12 +68,17 @@ absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("the prompt is ", prompt.size(), " tokens; the model's context is ", context));
   }
+  v1::HostLink link;
+  link.set_link_id(options.link_id);
+  link.set_link_bytes_per_second(options.link_gbps * 1e9);
+  link.set_staging_bytes(options.staging_mib << 20);
   ASSIGN_OR_RETURN(auto runtime,
                    worker::WorkerRuntime::Create({.attention = model.attention_shape(),
                                                   .page_tokens = options.page_tokens,
                                                   .codec = options.codec,
                                                   .daemon_address = options.daemon_address,
-                                                  .worker_name = "kvtier-run"}));
+                                                  .worker_name = "kvtier-run",
+                                                  .link = link}));
   worker::SequenceOptions seq_options;
   seq_options.policy = options.policy;
   seq_options.prompt_tokens = prompt.size();
@@ -163,6 +168,13 @@ std::string FormatReport(const GenerateResult& r, const GenerateOptions& o) {
       MiB(s.offload_bytes), MiB(s.compress_bytes), MiB(s.promote_bytes), MiB(s.decompress_bytes));
   absl::StrAppendFormat(&out, "  plans           %d (%d degraded, %d local)\n", s.plans,
                         s.degraded_plans, s.local_plans);
+  if (s.schedules + s.schedules_refused > 0) {
+    absl::StrAppendFormat(&out,
+                          "  schedules       %d followed, %d refused; now resident %s, staged %s a "
+                          "step, in place %s (%d split attention calls)\n",
+                          s.schedules, s.schedules_refused, MiB(s.resident_bytes),
+                          MiB(s.stage_bytes), MiB(s.in_place_bytes), s.split_attends);
+  }
   absl::StrAppendFormat(
       &out,
       "  speed           prefill %.1f tok/s, decode %.1f tok/s; tier work %.1f%% of the time\n",

@@ -23,7 +23,11 @@ struct GenerateOptions {
   uint32_t page_tokens = 16;
   std::string codec = "int8_kivi";
   std::string daemon_address;  // "" = local pools
-  float temperature = 0.f;     // 0 = greedy
+  // Daemon mode: the host link to declare for prefetch schedules (link_gbps 0 = none).
+  double link_gbps = 0;
+  std::string link_id;
+  uint64_t staging_mib = 0;
+  float temperature = 0.f;  // 0 = greedy
   float top_p = 1.f;
   uint64_t seed = 0;
 };

@@ -86,6 +86,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   auto* daemon_opt = gen->add_option("--daemon", daemon, "kvtierd socket: unix:PATH");
   gen->add_flag("--local", local, "Use in-process pools (no daemon)")->excludes(daemon_opt);
+  gen->add_option("--link-gbps", o.link_gbps,
+                  "With --daemon: declare a host link of this many GB/s (prefetch schedules; the "
+                  "CPU attends what the schedule leaves in place as a split)")
+      ->check(CLI::Range(0.0, 1000.0));
+  gen->add_option("--link-id", o.link_id, "With --link-gbps: the PCIe switch shared with others");
+  gen->add_option("--staging-mib", o.staging_mib,
+                  "With --link-gbps: staging memory for pages kept across steps")
+      ->capture_default_str();
   gen->add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--temperature", o.temperature, "0 = greedy")->capture_default_str();
   gen->add_option("--top-p", o.top_p, "Nucleus sampling mass")->capture_default_str();
