@@ -363,7 +363,7 @@ NB_MODULE(_native, m) {
           [](Runtime* self, uint32_t num_layers, uint32_t num_q_heads, uint32_t num_kv_heads,
              uint32_t head_dim, float scale, uint32_t page_tokens, const std::string& codec,
              const std::string& daemon, const std::string& worker_name, uint64_t arena_bytes,
-             uint64_t ddr_bytes, uint64_t compressed_bytes) {
+             uint64_t ddr_bytes, uint64_t compressed_bytes, const nb::dict& link) {
             if (num_q_heads == 0 || num_kv_heads == 0 || num_q_heads % num_kv_heads != 0) {
               ThrowIfError(absl::InvalidArgumentError(
                   absl::StrCat("num_q_heads ", num_q_heads, " must be a positive multiple of ",
@@ -382,12 +382,16 @@ NB_MODULE(_native, m) {
             o.arena_bytes = arena_bytes;
             o.local_ddr_bytes = ddr_bytes;
             o.local_compressed_bytes = compressed_bytes;
+            ThrowIfError(PythonToProto(link, "link", &o.link));
             new (self) Runtime(std::move(o));
           },
           "num_layers"_a, "num_q_heads"_a, "num_kv_heads"_a, "head_dim"_a, "scale"_a, nb::kw_only(),
           "page_tokens"_a = 16, "codec"_a = "int8_kivi", "daemon"_a = "",
           "worker_name"_a = "kvtier-python", "arena_bytes"_a = 8ull << 30,
-          "ddr_bytes"_a = 2ull << 30, "compressed_bytes"_a = 1ull << 30)
+          "ddr_bytes"_a = 2ull << 30, "compressed_bytes"_a = 1ull << 30, "link"_a = nb::dict(),
+          "link: the host link to declare to kvtierd for prefetch schedules, a kvtier.v1.HostLink "
+          "as a dict ({'link_id': 'sw0', 'link_bytes_per_second': 25e9, 'staging_bytes': ...}); "
+          "empty = none")
       .def(
           "open",
           [](Runtime& r, const std::string& policy, uint64_t prompt_tokens, double hbm_ratio,

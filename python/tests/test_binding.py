@@ -173,6 +173,32 @@ def test_runtime_through_kvtierd_offloads_into_its_pools(daemon, tmp_path):
     assert report["ddr_bytes"] > 0, report
 
 
+def test_a_declared_link_brings_schedules_and_split_attention(daemon, tmp_path):
+    """A worker that declares a narrow host link follows the daemon's schedules: the pages they
+    leave in place are attended as a split, exact up to one merge's rounding."""
+    with pytest.raises(kvtier.InvalidArgumentError, match="link_bytes_per_second"):
+        runtime(daemon=daemon.address, link={"link_bytes_per_second": -1.0})
+    with pytest.raises(kvtier.InvalidArgumentError, match="link"):
+        runtime(daemon=daemon.address, link={"link_bandwidth": 1.0})  # not a HostLink field
+    rt = runtime(daemon=daemon.address, link={"link_id": "sw0", "link_bytes_per_second": 1e4})
+    data = list(chunks(12, DAEMON_SIZES))
+    want = reference(tmp_path, data)
+    seq = rt.open(policy="hierarchy", prompt_tokens=37, hbm_ratio=0.3, window_tokens=4,
+                  sink_tokens=0, protect_prompt=False, retier_interval=1)
+    worst = 0.0
+    for (k, v, q), (want_out, _) in zip(data, want):
+        time.sleep(DAEMON_STEP_S)
+        seq.append(0, k, v)
+        out = np.empty_like(q)
+        seq.attend(0, q, out)
+        worst = max(worst, float(np.max(np.abs(out - want_out))))
+    report = seq.report()
+    assert report["schedules"] > 0 and report["schedules_refused"] == 0, report
+    assert report["schedule_bytes"]["in_place"] > 0, report
+    assert report["split_attends"] > 0, report
+    assert worst < 1e-5
+
+
 def test_client_speaks_to_kvtierd_in_dicts(daemon):
     registration = {
         "worker_name": "pytest-client",

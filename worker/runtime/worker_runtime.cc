@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   g->set_layer_groups(geometry.layer_groups);
   g->set_model_name(options.worker_name);
   r.mutable_gpu()->set_name("cpu");
-  if (options.link.link_bytes_per_second() > 0) *r.mutable_link() = options.link;
+  // Whatever was given goes to the daemon, which checks it (a bad figure fails Create).
+  if (options.link.ByteSizeLong() > 0) *r.mutable_link() = options.link;
   r.set_hbm_budget_bytes(options.arena_bytes);
   uint64_t t1 = 0, t2 = 0;
   for (uint32_t grp = 0; grp < geometry.layer_groups; ++grp) {
@@ -57,8 +58,16 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   r.set_t2_page_bytes(t2);
   absl::StatusOr<std::unique_ptr<WorkerClient>> connected = WorkerClient::Connect(client);
   if (!connected.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot reach kvtierd at ", options.daemon_address,
-                                               ": ", connected.status().message()));
+    // A registration the daemon refused keeps its code (the message names the field); anything
+    // else means the daemon could not be reached.
+    const absl::StatusCode code = connected.status().code();
+    const bool refused = code == absl::StatusCode::kInvalidArgument ||
+                         code == absl::StatusCode::kPermissionDenied ||
+                         code == absl::StatusCode::kResourceExhausted;
+    return absl::Status(
+        refused ? code : absl::StatusCode::kUnavailable,
+        absl::StrCat(refused ? "kvtierd at " : "cannot reach kvtierd at ", options.daemon_address,
+                     refused ? " refused the registration: " : ": ", connected.status().message()));
   }
   runtime->client_ = *std::move(connected);
   return runtime;
