@@ -5,12 +5,14 @@
 //
 //   ninja -C build tiering_bench && build/bench/tiering/tiering_bench
 
+#include <chrono>
 #include <random>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "core/tiering/plan.h"
 #include "core/tiering/policy.h"
+#include "core/tiering/schedule.h"
 #include "core/tiering/selection.h"
 
 namespace kvtier::tiering {
@@ -118,6 +120,41 @@ void BM_DecideAndPlan(benchmark::State& state) {
   SetCounters(state, length);
 }
 
+// What a prefetch schedule adds to a re-tiering (docs/scheduling.md): SchedulePages over the
+// target's T1/T2 pages (staging for a tenth of them, a step's budget for a fifth), timed against
+// Policy::Decide on the same inputs, interleaved in each iteration. Counter `vs_decide` = the
+// schedule's time ÷ the decision's.
+void BM_ScheduleVsDecide(benchmark::State& state) {
+  using Clock = std::chrono::steady_clock;
+  const uint64_t length = static_cast<uint64_t>(state.range(0));
+  const uint32_t page_tokens = static_cast<uint32_t>(state.range(1));
+  Fixture f = MakeFixture(length, page_tokens);
+  auto policy = MakePolicy("hierarchy", Config(page_tokens));
+  double decide_s = 0, schedule_s = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    auto target = (*policy)->Decide({.sequence = {.prompt_tokens = kPrompt, .length = length},
+                                     .current = f.current,
+                                     .page_scores = f.scores});
+    const auto t1 = Clock::now();
+    std::vector<SchedulePage> pages;
+    for (size_t i = 0; i < target->tiers.size(); ++i) {
+      if (target->tiers[i] == Tier::kT1 || target->tiers[i] == Tier::kT2) {
+        pages.push_back({f.scores[i], 8192});
+      }
+    }
+    const uint64_t bytes = pages.size() * 8192;
+    StepSchedule s =
+        SchedulePages(pages, {.staging_bytes = bytes / 10, .h2d_bytes_per_step = bytes / 5});
+    benchmark::DoNotOptimize(s);
+    const auto t2 = Clock::now();
+    decide_s += std::chrono::duration<double>(t1 - t0).count();
+    schedule_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  state.counters["vs_decide"] = decide_s > 0 ? schedule_s / decide_s : 0;
+  SetCounters(state, length);
+}
+
 void Sizes(benchmark::internal::Benchmark* b) {
   for (int64_t page_tokens : {1, 16}) {
     for (int64_t tokens = 1 << 10; tokens <= 1 << 20; tokens <<= 2) {
@@ -131,6 +168,7 @@ BENCHMARK(BM_SelectNthElement)->Apply(Sizes);
 BENCHMARK(BM_SelectFullSort)->Apply(Sizes);
 BENCHMARK(BM_Decide)->Apply(Sizes);
 BENCHMARK(BM_DecideAndPlan)->Apply(Sizes);
+BENCHMARK(BM_ScheduleVsDecide)->Apply(Sizes);
 
 }  // namespace
 }  // namespace kvtier::tiering
