@@ -344,6 +344,10 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Under a file-size limit (systemd's LimitFSIZE=, prlimit --fsize) an extent that cannot be
+  // sized fails with EFBIG: the pool cannot grow and plans degrade. SIGXFSZ would kill the
+  // daemon instead, and every worker's session with it.
+  signal(SIGXFSZ, SIG_IGN);
   // The daemon holds every worker's extent descriptors: /proc/PID/fd must not lead to them
   // (only CAP_SYS_PTRACE passes a non-dumpable process's ptrace check).
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
