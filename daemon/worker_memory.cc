@@ -39,9 +39,10 @@ void PoolBudget::Note(const absl::Status& made) {
     last_failure_.clear();
     return;
   }
+  // The extent size in force (pools.extent_mib, capped at a sixteenth of the budget).
   last_failure_ =
-      absl::StrCat(made.message(), "; pools.extent_mib = ", extent_bytes_ >> 20,
-                   dir_.empty() ? ", memfd" : absl::StrCat(", pools.extent_dir = \"", dir_, "\""));
+      absl::StrCat(made.message(), "; extents of ", extent_bytes_, " bytes (pools.extent_mib), ",
+                   dir_.empty() ? "memfd" : absl::StrCat("pools.extent_dir = \"", dir_, "\""));
 }
 
 void PoolBudget::Return(uint64_t bytes) { reserved_ -= bytes; }

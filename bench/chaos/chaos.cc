@@ -247,8 +247,8 @@ int Run(const Options& o) {
         lease_stalls, stall_reaped, stall_back, lease_stalls * o.workers);
   }
   std::printf(
-      "| a client that stops reading; a full tmpfs | not run (not injected by this "
-      "harness; tmpfs: security_test) | - |\n");
+      "| a client that stops reading; a full tmpfs | not run by this harness (tested on "
+      "their own: stuck_client_test; pool_exhaustion_test, security_test) | - |\n");
   std::printf("| workers that died on their own | %d (%d with corrupted pages) | 0 |\n", crashes,
               corrupted);
   std::printf("| plans served | %.0f | > 0 |\n", plans);
