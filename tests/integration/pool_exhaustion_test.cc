@@ -87,7 +87,8 @@ TEST(PoolExhaustionTest, PoolsTheSystemWillNotGrowDegradePlansNamingWhyAndLoseNo
   std::printf("degraded: %s\n", why.c_str());
   EXPECT_NE(why.find("DDR pool full"), std::string::npos) << why;
   EXPECT_NE(why.find("File too large"), std::string::npos) << why;
-  EXPECT_NE(why.find("extents of 1048576 bytes (pools.extent_mib), memfd"), std::string::npos) << why;
+  EXPECT_NE(why.find("extents of 1048576 bytes (pools.extent_mib), memfd"), std::string::npos)
+      << why;
   EXPECT_NE(why.find("no extra eviction"), std::string::npos) << why;
   // The workers that hold memory go on: every step verifies every page they stored before.
   // Until their extents are full, then some more.
