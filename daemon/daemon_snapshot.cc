@@ -149,13 +149,18 @@ const char* ReasonText(Metrics::DegradeReason r) {
 }
 
 // "DDR pool full: 12 pages; 12 compressed instead, 0 kept in their tier (no extra eviction)".
-std::string DegradedReason(const Shortage& shortage) {
+// A pool the system refused to grow says why (`pool_failure`, PoolBudget::last_failure).
+std::string DegradedReason(const Shortage& shortage,
+                           const std::array<std::string, 2>& pool_failure) {
   std::string reason;
   for (int k = 0; k < 3; ++k) {
     if (shortage.pages[k] == 0) continue;
     absl::StrAppend(&reason, reason.empty() ? "" : "; ",
                     ReasonText(static_cast<Metrics::DegradeReason>(k)), ": ", shortage.pages[k],
                     " pages");
+    if (k < 2 && !pool_failure[k].empty()) {
+      absl::StrAppend(&reason, " (the pool cannot grow: ", pool_failure[k], ")");
+    }
   }
   absl::StrAppend(&reason, "; ", shortage.compressed_instead, " compressed instead, ",
                   shortage.total() - shortage.compressed_instead,
@@ -482,7 +487,8 @@ absl::Status DaemonCoreImpl::BuildPlanLocked(const WorkerRec& w, const SequenceR
   }
   if (prep.shortage.total() > 0) {
     plan.set_degraded(true);
-    plan.set_degraded_reason(DegradedReason(prep.shortage));
+    plan.set_degraded_reason(
+        DegradedReason(prep.shortage, {pools_[0]->last_failure(), pools_[1]->last_failure()}));
   }
   plan.set_protected_overflow(prep.decision.protected_overflow);
   if (w.link.declared()) {

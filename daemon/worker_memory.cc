@@ -22,19 +22,34 @@ absl::StatusOr<Extent> PoolBudget::Take() {
     return e;
   }
   if (reserved_ + extent_bytes_ > capacity_) {
+    last_failure_.clear();  // full by the budget's own count, not refused by the system
     return absl::ResourceExhaustedError(absl::StrCat(
         kind_ == layout::PoolKind::kDdr ? "DDR" : "compressed", " budget full: ", extents_out(),
         " extents of ", extent_bytes_, " bytes out of ", capacity_));
   }
-  ASSIGN_OR_RETURN(Extent extent, Extent::Create(label_, extent_bytes_, dir_));
+  absl::StatusOr<Extent> extent = Extent::Create(label_, extent_bytes_, dir_);
+  Note(extent.status());
+  if (!extent.ok()) return extent.status();
   reserved_ += extent_bytes_;
   return extent;
+}
+
+void PoolBudget::Note(const absl::Status& made) {
+  if (made.ok()) {
+    last_failure_.clear();
+    return;
+  }
+  // The extent size in force (pools.extent_mib, capped at a sixteenth of the budget).
+  last_failure_ =
+      absl::StrCat(made.message(), "; extents of ", extent_bytes_, " bytes (pools.extent_mib), ",
+                   dir_.empty() ? "memfd" : absl::StrCat("pools.extent_dir = \"", dir_, "\""));
 }
 
 void PoolBudget::Return(uint64_t bytes) { reserved_ -= bytes; }
 
 void PoolBudget::EndSpare(absl::StatusOr<Extent> extent) {
   --making_;
+  Note(extent.status());
   if (extent.ok()) {
     spares_.push_back(*std::move(extent));
   } else {

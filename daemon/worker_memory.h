@@ -59,8 +59,14 @@ class PoolBudget {
   uint64_t extents_out() const { return reserved_ / extent_bytes_; }
   const std::string& label() const { return label_; }
   const std::string& dir() const { return dir_; }
+  // Why the system last refused this pool an extent (a full tmpfs, a memory or file-size
+  // limit: "reserve a 1 MiB extent in /dev/shm/x: No space left on device"); "" once an
+  // extent was made again. Degraded plans quote it.
+  const std::string& last_failure() const { return last_failure_; }
 
  private:
+  void Note(const absl::Status& made);  // records or clears last_failure_
+
   const layout::PoolKind kind_;
   const uint64_t capacity_;
   const uint64_t extent_bytes_;
@@ -68,6 +74,7 @@ class PoolBudget {
   uint64_t reserved_ = 0;
   std::vector<Extent> spares_;
   size_t making_ = 0;
+  std::string last_failure_;
 };
 
 // One worker's memory of one pool. Not thread-safe (the core's mutex serializes); every Slot

@@ -34,42 +34,9 @@
 namespace kvtier::testing {
 namespace {
 
-constexpr int kCorrupted = 3;
-
-// The worker process: tiers two sequences until killed. Errors that mean "the daemon is away or
-// forgot us" start the sequences over; a verification failure exits kCorrupted.
-[[noreturn]] void WorkerMain(const std::string& address, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (;;) {
-    SimWorkerOptions o;
-    o.address = address;
-    o.seed = rng();
-    auto w = SimWorker::Connect(o);
-    if (!w.ok()) {
-      absl::SleepFor(absl::Milliseconds(50));
-      continue;
-    }
-    std::vector<int> seqs;
-    for (int i = 0; i < 2; ++i) {
-      if (auto s = (*w)->Open(); s.ok()) seqs.push_back(*s);
-    }
-    for (int round = 0; round < 200 && !seqs.empty(); ++round) {
-      const int i = seqs[rng() % seqs.size()];
-      absl::Status s = (*w)->Step(i, 32 + rng() % 64);
-      if (s.code() == absl::StatusCode::kInternal) {
-        std::fprintf(stderr, "worker %d: %s\n", getpid(), std::string(s.message()).c_str());
-        _exit(kCorrupted);
-      }
-      if (!s.ok()) break;  // start over with fresh sequences
-      absl::SleepFor(absl::Milliseconds(5 + rng() % 10));
-    }
-    for (int i : seqs) (void)(*w)->Close(i);
-  }
-}
-
 pid_t SpawnWorker(const std::string& address, uint64_t seed) {
   pid_t pid = fork();
-  if (pid == 0) WorkerMain(address, seed);
+  if (pid == 0) RunSimWorkerProcess(address, seed);
   return pid;
 }
 
@@ -158,7 +125,7 @@ int Run(const Options& o) {
       const bool ours = it->second.killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
       if (!ours) {
         ++crashes;
-        corrupted += WIFEXITED(status) && WEXITSTATUS(status) == kCorrupted;
+        corrupted += WIFEXITED(status) && WEXITSTATUS(status) == kSimCorrupted;
         std::fprintf(stderr, "worker %d died on its own (status %d)\n", pid, status);
       }
       workers.erase(it);
@@ -280,8 +247,8 @@ int Run(const Options& o) {
         lease_stalls, stall_reaped, stall_back, lease_stalls * o.workers);
   }
   std::printf(
-      "| a client that stops reading; a full tmpfs | not run (not injected by this "
-      "harness; tmpfs: security_test) | - |\n");
+      "| a client that stops reading; a full tmpfs | not run by this harness (tested on "
+      "their own: stuck_client_test; pool_exhaustion_test, security_test) | - |\n");
   std::printf("| workers that died on their own | %d (%d with corrupted pages) | 0 |\n", crashes,
               corrupted);
   std::printf("| plans served | %.0f | > 0 |\n", plans);

@@ -21,6 +21,9 @@ struct ServerOptions {
   LogLevel log_level = LogLevel::kInfo;
   absl::Duration reap_interval = absl::Milliseconds(500);
   int policy_threads = 2;  // threads that run snapshots; 0 = gRPC's callback threads
+  // A connection whose peer left the daemon's answers unread this long is dropped
+  // (daemon/kvtierd/unread_guard.h); 0 = never.
+  absl::Duration unread_timeout = absl::Seconds(2);
 };
 
 // Defaults applied to OpenSequence requests that name no policy.

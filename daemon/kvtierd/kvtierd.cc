@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "daemon/kvtierd/listen.h"
 #include "daemon/kvtierd/logger.h"
 #include "daemon/kvtierd/reload.h"
+#include "daemon/kvtierd/unread_guard.h"
 #include "daemon/metrics.h"
 #include "daemon/service/service.h"
 #include "edge/memory_channel.h"
@@ -283,6 +285,13 @@ int Serve(const Flags& flags, DaemonConfig config) {
   log.Info(absl::StrCat("listening on unix:", config.server.socket_path,
                         tcp_port ? absl::StrCat(" and ", config.server.tcp_address) : "",
                         "; memory channel ", channel_path));
+  std::unique_ptr<UnreadGuard> unread_guard;
+  if (config.server.unread_timeout > absl::ZeroDuration()) {
+    unread_guard = std::make_unique<UnreadGuard>(
+        config.server.socket_path, config.server.unread_timeout,
+        std::min(absl::Milliseconds(100), config.server.unread_timeout / 4),
+        [&log](const std::string& m) { log.Warning(m); });
+  }
   auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);
   auto watchdog = std::make_unique<Watchdog>(core->get());
   if (watchdog->enabled()) {
@@ -316,6 +325,7 @@ int Serve(const Flags& flags, DaemonConfig config) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   watchdog.reset();
   reaper.reset();
+  unread_guard.reset();
   channel_server.reset();
   unlink(channel_path.c_str());
   server.reset();
@@ -334,6 +344,10 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Under a file-size limit (systemd's LimitFSIZE=, prlimit --fsize) an extent that cannot be
+  // sized fails with EFBIG: the pool cannot grow and plans degrade. SIGXFSZ would kill the
+  // daemon instead, and every worker's session with it.
+  signal(SIGXFSZ, SIG_IGN);
   // The daemon holds every worker's extent descriptors: /proc/PID/fd must not lead to them
   // (only CAP_SYS_PTRACE passes a non-dumpable process's ptrace check).
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);

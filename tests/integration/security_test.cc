@@ -434,6 +434,10 @@ TEST(SecurityTest, ATmpfsTooSmallIsAClearErrorAtStartAndDegradedPlansLater) {
   ASSERT_TRUE(seq.ok());
   for (int i = 0; i < 6; ++i) ASSERT_TRUE((*w)->Step(*seq, 160).ok());
   EXPECT_GT((*w)->stats().degraded, 0u) << "no plan was short of memory";
+  // The plan says why the pool could not grow, and where.
+  const std::string& why = (*w)->stats().degraded_reason;
+  EXPECT_NE(why.find("No space left on device"), std::string::npos) << why;
+  EXPECT_NE(why.find("pools.extent_dir = \"" + dir + "\""), std::string::npos) << why;
   // Room again: the next plans get extents.
   std::filesystem::remove(dir + "/filler");
   const uint64_t degraded = (*w)->stats().degraded;

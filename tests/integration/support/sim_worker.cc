@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/status/status_macros.h"
 
 namespace kvtier::testing {
@@ -156,6 +158,7 @@ absl::Status SimWorker::Step(int i, uint64_t tokens) {
   ++stats_.plans;
   stats_.moves += plan.move_page_size();
   stats_.degraded += plan.degraded();
+  if (plan.degraded()) stats_.degraded_reason = plan.degraded_reason();
   stats_.verified_pages += num_pages;
   for (const auto& [_, seq] : sequences_) RETURN_IF_ERROR(Verify(seq));
   return absl::OkStatus();
@@ -165,6 +168,39 @@ absl::Status SimWorker::Close(int i) {
   RETURN_IF_ERROR(client_->CloseSequence(sequences_.at(i).id));
   sequences_.erase(i);
   return absl::OkStatus();
+}
+
+void RunSimWorkerProcess(const std::string& address, uint64_t seed, int progress_fd) {
+  std::mt19937_64 rng(seed);
+  SimProgress progress;
+  for (;;) {
+    SimWorkerOptions o;
+    o.address = address;
+    o.seed = rng();
+    auto w = SimWorker::Connect(o);
+    if (!w.ok()) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    std::vector<int> seqs;
+    for (int i = 0; i < 2; ++i) {
+      if (auto s = (*w)->Open(); s.ok()) seqs.push_back(*s);
+    }
+    for (int round = 0; round < 200 && !seqs.empty(); ++round) {
+      const int i = seqs[rng() % seqs.size()];
+      absl::Status s = (*w)->Step(i, 32 + rng() % 64);
+      if (s.code() == absl::StatusCode::kInternal) {
+        std::fprintf(stderr, "worker %d: %s\n", getpid(), std::string(s.message()).c_str());
+        _exit(kSimCorrupted);
+      }
+      if (!s.ok()) break;  // start over with fresh sequences
+      progress.worker_id = (*w)->client().worker_id();
+      ++progress.steps;
+      if (progress_fd >= 0) (void)!write(progress_fd, &progress, sizeof(progress));
+      absl::SleepFor(absl::Milliseconds(5 + rng() % 10));
+    }
+    for (int i : seqs) (void)(*w)->Close(i);
+  }
 }
 
 }  // namespace kvtier::testing

@@ -35,6 +35,7 @@ struct SimStats {
   uint64_t plans = 0;
   uint64_t moves = 0;
   uint64_t degraded = 0;
+  std::string degraded_reason;  // of the last degraded plan
   uint64_t verified_pages = 0;
 };
 
@@ -83,6 +84,24 @@ class SimWorker {
   std::mt19937_64 rng_;
   SimStats stats_;
 };
+
+// What a worker process (RunSimWorkerProcess) reports after each verified step: its worker id
+// then and the steps it has made in all. Written whole (smaller than PIPE_BUF).
+struct SimProgress {
+  uint64_t worker_id = 0;
+  uint64_t steps = 0;
+};
+
+// The exit code of a worker process whose pages lost their bytes.
+inline constexpr int kSimCorrupted = 3;
+
+// A worker process's life, for fault tests: connects, opens two sequences and tiers them with
+// random steps; whenever the daemon forgets it or goes away it starts over with a fresh
+// registration. After every verified step it writes a SimProgress to `progress_fd` (-1: none).
+// Exits kSimCorrupted when a page's bytes changed. Never returns; call it in a child forked
+// before the parent touched gRPC.
+[[noreturn]] void RunSimWorkerProcess(const std::string& address, uint64_t seed,
+                                      int progress_fd = -1);
 
 }  // namespace kvtier::testing
 

@@ -17,6 +17,7 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->core.shm_mode, built_in.core.shm_mode);
   EXPECT_EQ(parsed->policy.name, built_in.policy.name);
   EXPECT_EQ(parsed->policy.hbm_ratio, built_in.policy.hbm_ratio);
+  EXPECT_EQ(parsed->server.unread_timeout, built_in.server.unread_timeout);
 }
 
 TEST(ConfigTest, ReadsEveryKindOfValue) {
@@ -24,6 +25,7 @@ TEST(ConfigTest, ReadsEveryKindOfValue) {
 [server]
 socket = "/tmp/x.sock"
 log_level = "debug"
+unread_timeout_ms = 0
 [pools]
 ddr_mib = 64
 mode = "0600"
@@ -40,6 +42,7 @@ evict_ratio = 0.03
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->server.socket_path, "/tmp/x.sock");
   EXPECT_EQ(c->server.log_level, LogLevel::kDebug);
+  EXPECT_EQ(c->server.unread_timeout, absl::ZeroDuration());
   EXPECT_EQ(c->core.ddr_pool_bytes, 64ull << 20);
   EXPECT_EQ(c->core.shm_mode, 0600u);
   EXPECT_EQ(c->core.security.allow_uids, (std::vector<uint32_t>{1000, 1001}));
@@ -80,6 +83,7 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"[policy]\nhbm_ratio = 1.5\n", "policy.hbm_ratio"},
                       BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
                       BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},
+                      BadCase{"[server]\nunread_timeout_ms = -1\n", "server.unread_timeout_ms"},
                       BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
 
 TEST(ConfigTest, ErrorsCarryTheLineNumber) {

@@ -1,0 +1,116 @@
+#include "daemon/kvtierd/unread_guard.h"
+
+#include <dirent.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace kvtier::daemon {
+namespace {
+
+int IntOption(int fd, int name) {
+  int v = -1;
+  socklen_t n = sizeof(v);
+  return getsockopt(fd, SOL_SOCKET, name, &v, &n) == 0 ? v : -1;
+}
+
+// A connection accepted on the unix stream socket at `path` (not the listener itself).
+bool AcceptedOn(int fd, const std::string& path) {
+  if (IntOption(fd, SO_DOMAIN) != AF_UNIX || IntOption(fd, SO_TYPE) != SOCK_STREAM ||
+      IntOption(fd, SO_ACCEPTCONN) != 0) {
+    return false;
+  }
+  sockaddr_un addr{};
+  socklen_t n = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &n) != 0 ||
+      n <= offsetof(sockaddr_un, sun_path)) {
+    return false;
+  }
+  return std::strncmp(addr.sun_path, path.c_str(), sizeof(addr.sun_path)) == 0;
+}
+
+}  // namespace
+
+std::vector<uint64_t> UnreadTracker::Update(
+    absl::Time now, const std::vector<std::pair<uint64_t, uint64_t>>& samples) {
+  std::map<uint64_t, Seen> next;
+  std::vector<uint64_t> drop;
+  for (const auto& [key, unread] : samples) {
+    auto it = seen_.find(key);
+    Seen s = it == seen_.end() ? Seen{unread, now} : it->second;
+    if (unread == 0 || unread < s.unread) s.progress = now;
+    s.unread = unread;
+    if (now - s.progress >= timeout_) {
+      drop.push_back(key);
+      continue;  // forgotten: seen again, it starts over
+    }
+    next[key] = s;
+  }
+  seen_ = std::move(next);
+  return drop;
+}
+
+UnreadGuard::UnreadGuard(std::string socket_path, absl::Duration timeout, absl::Duration period,
+                         std::function<void(const std::string&)> log)
+    : socket_path_(std::move(socket_path)),
+      period_(period),
+      log_(std::move(log)),
+      tracker_(timeout),
+      thread_([this] { Loop(); }) {}
+
+UnreadGuard::~UnreadGuard() {
+  stop_.Notify();
+  thread_.join();
+}
+
+void UnreadGuard::Loop() {
+  while (!stop_.WaitForNotificationWithTimeout(period_)) Sweep();
+}
+
+void UnreadGuard::Sweep() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  std::vector<std::pair<uint64_t, uint64_t>> samples;
+  std::map<uint64_t, int> fd_of;  // socket inode -> descriptor at the time of the sample
+  while (dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    struct stat st;
+    if (fd <= 2 || fd == dirfd(dir) || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int unread = 0;
+    if (!AcceptedOn(fd, socket_path_) || ioctl(fd, SIOCOUTQ, &unread) != 0) continue;
+    samples.emplace_back(st.st_ino, static_cast<uint64_t>(unread));
+    fd_of[st.st_ino] = fd;
+  }
+  closedir(dir);
+  for (uint64_t inode : tracker_.Update(absl::Now(), samples)) {
+    // gRPC owns the descriptor and may have closed it (and the number been reused) since the
+    // sample: act on a duplicate, and only if it is still the same socket.
+    const int dup_fd = dup(fd_of[inode]);
+    struct stat st;
+    if (dup_fd < 0) continue;
+    if (fstat(dup_fd, &st) == 0 && st.st_ino == inode) {
+      ucred peer{};
+      socklen_t n = sizeof(peer);
+      getsockopt(dup_fd, SOL_SOCKET, SO_PEERCRED, &peer, &n);
+      int unread = 0;
+      ioctl(dup_fd, SIOCOUTQ, &unread);
+      shutdown(dup_fd, SHUT_RDWR);
+      ++dropped_;
+      log_(absl::StrCat("dropped a connection whose peer stopped reading: pid ", peer.pid, " uid ",
+                        peer.uid, " left ", unread, " bytes unread for ",
+                        absl::FormatDuration(tracker_.timeout()), " (server.unread_timeout_ms)"));
+    }
+    close(dup_fd);
+  }
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,42 @@
+#ifndef KVTIER_TESTS_INTEGRATION_SUPPORT_H2_FLOOD_H_
+#define KVTIER_TESTS_INTEGRATION_SUPPORT_H2_FLOOD_H_
+
+// A client that stops reading: it speaks just enough HTTP/2 to send gRPC unary requests over a
+// unix socket and never reads a byte of what comes back (no SETTINGS ack, no PING answer, no
+// WINDOW_UPDATE: the daemon's answers pile up on its side). The misbehaving peer of the
+// stuck-client tests. Stateless; call in a process of its own.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kvtier::testing {
+
+// What a flood reports after each batch (whole, below PIPE_BUF).
+struct FloodProgress {
+  uint64_t connections = 0;  // made so far
+  uint64_t streams = 0;      // requests sent so far, over all of them
+};
+
+struct FloodOptions {
+  std::string socket_path;  // kvtierd's gRPC unix socket
+  std::string method = "/kvtier.v1.KvTier/GetStatus";
+  std::string message;               // serialized request, sent on every stream
+  uint64_t max_streams = 1'000'000;  // per connection: stream ids 1, 3, 5, ... (below 2^31)
+  bool reconnect = false;            // connect again whenever the daemon drops the connection
+  absl::Duration pause;              // between batches of 64 requests (zero: none)
+  int progress_fd = -1;              // gets a FloodProgress after every batch
+};
+
+// Connects, sends the connection preface and an empty SETTINGS frame, then one request per
+// stream (HEADERS + DATA with END_STREAM) as fast as the socket takes them. Returns what it did
+// once max_streams are out on one connection, or when the daemon drops it (unless `reconnect`);
+// UNAVAILABLE when it cannot connect. Blocks while the daemon does not read. The last
+// connection stays open, unread, until the process exits.
+absl::StatusOr<FloodProgress> FloodWithoutReading(const FloodOptions& options);
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_INTEGRATION_SUPPORT_H2_FLOOD_H_
