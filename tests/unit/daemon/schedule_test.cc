@@ -225,7 +225,9 @@ TEST(DaemonScheduleTest, EveryPlanCarriesAScheduleThatCoversItsTargetWithinBudge
         ASSERT_TRUE(plan->has_schedule());
         ExpectCovers(plan->schedule(), plan->target_tiers(), 2, t1, t2);
         // `a` plans first and takes what it needs; `b` gets what `a` leaves (see below).
-        if (w == &a) EXPECT_GT(plan->schedule().h2d_bytes_per_second(), 0);
+        if (w == &a) {
+          EXPECT_GT(plan->schedule().h2d_bytes_per_second(), 0);
+        }
         EXPECT_LE(plan->schedule().h2d_bytes_per_second(), 2e7);
         EXPECT_DOUBLE_EQ(plan->schedule().step_seconds(), 0.02) << "the assumed step";
         ASSERT_TRUE(w->Ack(*plan, true).ok());
