@@ -22,6 +22,9 @@ repository (it is not a project dependency; nothing fetched is committed):
 llama.cpp runs with llama-cpp-python's defaults (f16 KV cache, flash attention off), n_ctx = C
 and n_batch 512; its logits are read from the context after each step (without logits_all the
 library keeps no scores).
+
+--baseline-run OLD_BINARY adds a fourth engine to every round, OLD_BINARY's policy `full`
+("before"), so that a change is measured against its baseline in the same run.
 """
 import argparse
 import json
@@ -83,13 +86,14 @@ def main():
     ap.add_argument("--contexts", default="512,2048,8192")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline-run", help="also run this long_context_run (policy full) each round")
     ap.add_argument("--json", help="also write every measurement to this file")
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     threads_list = [int(t) for t in args.threads.split(",")]
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     results = []
-    engines = ("full", "hierarchy", "llama.cpp")
+    engines = ("full", "hierarchy", "llama.cpp") + (("before",) if args.baseline_run else ())
     for threads in threads_list:
         for ctx in contexts:
             prompt = ctx - DECODE
@@ -100,6 +104,9 @@ def main():
                 runs["hierarchy"].append(kvtier(args.run, threads, prompt, "hierarchy",
                                                 args.model))
                 runs["llama.cpp"].append(llama.run(prompt))
+                if args.baseline_run:
+                    runs["before"].append(kvtier(args.baseline_run, threads, prompt, "full",
+                                                 args.model))
                 print(f"  threads {threads} ctx {ctx} round {rnd + 1}: " + ", ".join(
                     f"{e} {runs[e][-1][0]:.1f}/{runs[e][-1][1]:.1f}" for e in engines),
                     file=sys.stderr, flush=True)
@@ -114,15 +121,21 @@ def main():
                   f"{med['full'][1]:.1f}, hierarchy {med['hierarchy'][1]:.1f}, llama.cpp "
                   f"{med['llama.cpp'][1]:.1f}", flush=True)
     print()
+    before = args.baseline_run is not None
     print("| threads | context | prefill kvtier / llama.cpp | decode kvtier full / llama.cpp |"
-          " decode hierarchy / full |")
-    print("|---|---|---|---|---|")
+          " decode hierarchy / full |" + (" before: prefill, decode / llama.cpp |" if before
+                                          else ""))
+    print("|---|---|---|---|---|" + ("---|" if before else ""))
     for r in results:
         m = r["median"]
         f, h, l = m["full"], m["hierarchy"], m["llama.cpp"]
-        print(f"| {r['threads']} | {r['context']} | {f[0]:.1f} / {l[0]:.1f} = {f[0] / l[0]:.2f}x"
-              f" | {f[1]:.1f} / {l[1]:.1f} = {f[1] / l[1]:.2f}x | {h[1]:.1f} / {f[1]:.1f} = "
-              f"{h[1] / f[1]:.3f} |")
+        row = (f"| {r['threads']} | {r['context']} | {f[0]:.1f} / {l[0]:.1f} = {f[0] / l[0]:.2f}x"
+               f" | {f[1]:.1f} / {l[1]:.1f} = {f[1] / l[1]:.2f}x | {h[1]:.1f} / {f[1]:.1f} = "
+               f"{h[1] / f[1]:.3f} |")
+        if before:
+            b = m["before"]
+            row += f" {b[0] / l[0]:.2f}x, {b[1] / l[1]:.2f}x |"
+        print(row)
     print(f"\nmedians of {args.rounds} alternating rounds; load average at end: "
           f"{os.getloadavg()[0]:.1f}")
     if args.json:

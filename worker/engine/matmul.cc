@@ -39,32 +39,58 @@ void RowSums(const WeightMatrix& w, size_t r, const float* x, const float* sums,
   for (; t < t1; ++t) y[t * w.rows + r] = dot(row, x + t * w.cols, sums + t * nb, w.cols);
 }
 
-}  // namespace
-
-void MatMul(const WeightMatrix& w, const float* x, size_t n_tokens, float* y, ThreadPool& pool,
-            KernelIsa isa) {
+// Rows [begin, end) of one output, token tile by token tile.
+void MatMulRows(const WeightMatrix& w, const float* x, const float* sums, size_t n_tokens, float* y,
+                size_t begin, size_t end, KernelIsa isa) {
   const VecDotFn dot = GetVecDot(w.type, isa);
   const VecDot4Fn dot4 = GetVecDot4(w.type, isa);
   const VecDotSumsFn dot_sums = GetVecDotSums(w.type, isa);
   const VecDot4SumsFn dot4_sums = GetVecDot4Sums(w.type, isa);
-  std::vector<float> sums;
-  if (dot_sums != nullptr) {
-    const size_t nb = w.cols / 32;
-    sums.resize(n_tokens * nb);
-    for (size_t t = 0; t < n_tokens; ++t) BlockSums(x + t * w.cols, w.cols, &sums[t * nb]);
+  for (size_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
+    const size_t t1 = std::min(n_tokens, t0 + kTokenTile);
+    for (size_t r = begin; r < end; ++r) {
+      if (dot_sums != nullptr) {
+        RowSums(w, r, x, sums, t0, t1, y, dot_sums, dot4_sums);
+      } else {
+        RowPlain(w, r, x, t0, t1, y, dot, dot4);
+      }
+    }
   }
+}
+
+}  // namespace
+
+void MatMul(const WeightMatrix& w, const float* x, size_t n_tokens, float* y, ThreadPool& pool,
+            KernelIsa isa) {
+  const MatMulOutput out{&w, y};
+  MatMulShared(std::span<const MatMulOutput>(&out, 1), x, n_tokens, pool, isa);
+}
+
+void MatMulShared(std::span<const MatMulOutput> outputs, const float* x, size_t n_tokens,
+                  ThreadPool& pool, KernelIsa isa) {
+  if (outputs.empty()) return;
+  const size_t cols = outputs[0].w->cols;
+  bool any_sums = false;
+  size_t rows = 0;
+  for (const MatMulOutput& o : outputs) {
+    any_sums |= GetVecDotSums(o.w->type, isa) != nullptr;
+    rows += o.w->rows;
+  }
+  std::vector<float> sums;
+  if (any_sums) {
+    const size_t nb = cols / 32;
+    sums.resize(n_tokens * nb);
+    for (size_t t = 0; t < n_tokens; ++t) BlockSums(x + t * cols, cols, &sums[t * nb]);
+  }
+  // Rows are numbered across the outputs in order; a range may span several of them.
   pool.ParallelFor(
-      w.rows,
+      rows,
       [&](size_t begin, size_t end) {
-        for (size_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
-          const size_t t1 = std::min(n_tokens, t0 + kTokenTile);
-          for (size_t r = begin; r < end; ++r) {
-            if (dot_sums != nullptr) {
-              RowSums(w, r, x, sums.data(), t0, t1, y, dot_sums, dot4_sums);
-            } else {
-              RowPlain(w, r, x, t0, t1, y, dot, dot4);
-            }
-          }
+        size_t first = 0;
+        for (const MatMulOutput& o : outputs) {
+          const size_t b = std::max(begin, first), e = std::min(end, first + o.w->rows);
+          if (b < e) MatMulRows(*o.w, x, sums.data(), n_tokens, o.y, b - first, e - first, isa);
+          first += o.w->rows;
         }
       },
       kRowGrain);

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "worker/engine/gguf.h"
 #include "worker/engine/quant.h"
@@ -30,6 +31,19 @@ struct WeightMatrix {
 // the thread count (prefill and decode agree bit for bit).
 void MatMul(const WeightMatrix& w, const float* x, size_t n_tokens, float* y, ThreadPool& pool,
             KernelIsa isa);
+
+// One output of MatMuls that share their activations: y = w · x as MatMul writes it.
+struct MatMulOutput {
+  const WeightMatrix* w = nullptr;
+  float* y = nullptr;
+};
+
+// MatMul for every output (all with x's cols) in one fork-join over all their rows, with the
+// activations' block sums computed once: a decode step forks once for Q, K and V and once for
+// gate and up instead of once per matrix. Every output element is computed as MatMul computes
+// it, so the results are the same bit for bit.
+void MatMulShared(std::span<const MatMulOutput> outputs, const float* x, size_t n_tokens,
+                  ThreadPool& pool, KernelIsa isa);
 
 }  // namespace kvtier::engine
 

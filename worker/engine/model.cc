@@ -261,9 +261,8 @@ absl::Status Model::Forward(std::span<const Segment> segments) {
   for (uint32_t l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[l];
     RmsNorm(x.data(), L.attn_norm.data(), xn.data(), total, H, c.rms_eps);
-    MatMul(L.wq, xn.data(), total, q.data(), pool, isa_);
-    MatMul(L.wk, xn.data(), total, k.data(), pool, isa_);
-    MatMul(L.wv, xn.data(), total, v.data(), pool, isa_);
+    const MatMulOutput qkv[] = {{&L.wq, q.data()}, {&L.wk, k.data()}, {&L.wv, v.data()}};
+    MatMulShared(qkv, xn.data(), total, pool, isa_);
     Rope(q.data(), total, c.num_heads, hd, cs.data(), sn.data());
     Rope(k.data(), total, c.num_kv_heads, hd, cs.data(), sn.data());
     RETURN_IF_ERROR(
@@ -271,8 +270,8 @@ absl::Status Model::Forward(std::span<const Segment> segments) {
     MatMul(L.wo, att.data(), total, tmp.data(), pool, isa_);
     for (size_t i = 0; i < total * H; ++i) x[i] += tmp[i];
     RmsNorm(x.data(), L.ffn_norm.data(), xn.data(), total, H, c.rms_eps);
-    MatMul(L.gate, xn.data(), total, g.data(), pool, isa_);
-    MatMul(L.up, xn.data(), total, u.data(), pool, isa_);
+    const MatMulOutput gate_up[] = {{&L.gate, g.data()}, {&L.up, u.data()}};
+    MatMulShared(gate_up, xn.data(), total, pool, isa_);
     for (size_t i = 0; i < total * c.ffn; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
     MatMul(L.down, g.data(), total, tmp.data(), pool, isa_);
     for (size_t i = 0; i < total * H; ++i) x[i] += tmp[i];

@@ -255,19 +255,54 @@ KVTIER_AVX2 inline __m256 Q4Block(const uint8_t* qs, const float* x) {
   return _mm256_fmadd_ps(U8ToPs(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), p);
 }
 
+// Even blocks' m·Σx terms go to m0, odd ones' to m1. The loop handles a pair of blocks per
+// iteration so that m0 and m1 stay in registers (chosen per block through a reference, GCC
+// kept them on the stack: a store-to-load round trip on every block's chain).
 KVTIER_AVX2 float DotQ4_1SumsAvx2(const void* row, const float* x, const float* sums, size_t n) {
   const BlockQ4_1* b = static_cast<const BlockQ4_1*>(row);
+  const size_t nb = n / 32;
   __m256 acc = _mm256_setzero_ps();
   float m0 = 0, m1 = 0;
-  for (size_t i = 0; i < n / 32; ++i) {
+  size_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), Q4Block(b[i].qs, x + i * 32), acc);
-    float& m = (i & 1) ? m1 : m0;
-    m = std::fma(HalfToFloat(b[i].m), sums[i], m);
+    m0 = std::fma(HalfToFloat(b[i].m), sums[i], m0);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i + 1].d)),
+                          Q4Block(b[i + 1].qs, x + (i + 1) * 32), acc);
+    m1 = std::fma(HalfToFloat(b[i + 1].m), sums[i + 1], m1);
+  }
+  if (i < nb) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), Q4Block(b[i].qs, x + i * 32), acc);
+    m0 = std::fma(HalfToFloat(b[i].m), sums[i], m0);
   }
   return HSum(acc) + (m0 + m1);
 }
 
-// Four rows, bit-identical per row to DotQ4_1SumsAvx2 (same operations in the same order).
+// One block of DotQ4_1x4SumsAvx2 for its four rows: acc[t] += d · (q · x_t), mt += m · Σx_t.
+KVTIER_AVX2 inline void Q4BlockX4(const BlockQ4_1& blk, const float* x, const float* sums,
+                                  size_t stride, size_t nb, __m256* acc, float* mt) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+  const __m128i lo = _mm_and_si128(bytes, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  const __m256 q0 = U8ToPs(lo), q1 = U8ToPs(_mm_srli_si128(lo, 8));
+  const __m256 q2 = U8ToPs(hi), q3 = U8ToPs(_mm_srli_si128(hi, 8));
+  const __m256 d = _mm256_set1_ps(HalfToFloat(blk.d));
+  const float m = HalfToFloat(blk.m);
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; ++t) {
+    const float* xt = x + t * stride;
+    __m256 p = _mm256_mul_ps(q0, _mm256_loadu_ps(xt));
+    p = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xt + 8), p);
+    p = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xt + 16), p);
+    p = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xt + 24), p);
+    acc[t] = _mm256_fmadd_ps(d, p, acc[t]);
+    mt[t] = std::fma(m, sums[t * nb], mt[t]);
+  }
+}
+
+// Four rows, bit-identical per row to DotQ4_1SumsAvx2 (same operations in the same order;
+// pairs of blocks per iteration as there, so that every accumulator stays in a register).
 KVTIER_AVX2 void DotQ4_1x4SumsAvx2(const void* row, const float* x, const float* sums,
                                    size_t stride, size_t n, float* out) {
   const BlockQ4_1* b = static_cast<const BlockQ4_1*>(row);
@@ -275,26 +310,12 @@ KVTIER_AVX2 void DotQ4_1x4SumsAvx2(const void* row, const float* x, const float*
   __m256 acc[4];
   float m0[4] = {0, 0, 0, 0}, m1[4] = {0, 0, 0, 0};
   for (int t = 0; t < 4; ++t) acc[t] = _mm256_setzero_ps();
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  for (size_t i = 0; i < nb; ++i) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
-    const __m128i lo = _mm_and_si128(bytes, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    const __m256 q0 = U8ToPs(lo), q1 = U8ToPs(_mm_srli_si128(lo, 8));
-    const __m256 q2 = U8ToPs(hi), q3 = U8ToPs(_mm_srli_si128(hi, 8));
-    const __m256 d = _mm256_set1_ps(HalfToFloat(b[i].d));
-    const float m = HalfToFloat(b[i].m);
-    for (int t = 0; t < 4; ++t) {
-      const float* xt = x + t * stride + i * 32;
-      __m256 p = _mm256_mul_ps(q0, _mm256_loadu_ps(xt));
-      p = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xt + 8), p);
-      p = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xt + 16), p);
-      p = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xt + 24), p);
-      acc[t] = _mm256_fmadd_ps(d, p, acc[t]);
-      float& mt = (i & 1) ? m1[t] : m0[t];
-      mt = std::fma(m, sums[t * nb + i], mt);
-    }
+  size_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    Q4BlockX4(b[i], x + i * 32, sums + i, stride, nb, acc, m0);
+    Q4BlockX4(b[i + 1], x + (i + 1) * 32, sums + i + 1, stride, nb, acc, m1);
   }
+  if (i < nb) Q4BlockX4(b[i], x + i * 32, sums + i, stride, nb, acc, m0);
   for (int t = 0; t < 4; ++t) out[t] = HSum(acc[t]) + (m0[t] + m1[t]);
 }
 

@@ -42,13 +42,19 @@ inline void PrefetchRow(const float* row, size_t bytes) {
 // Pages are short contiguous runs, too short for the hardware prefetcher to ramp up on.
 constexpr uint32_t kPrefetchAhead = 32;
 
+// Positions per span (the skeleton's AttendSpan). A power of two: the prefetcher's reading-order
+// arithmetic below, run for every row, is then shifts and masks (with a run-time span it was
+// 64-bit divisions, 22 of them in the decode loops).
+constexpr uint32_t kSpan = 256;
+static_assert((kSpan & (kSpan - 1)) == 0);
+
 // Prefetches the rows a task over positions [b, e) reads, in its reading order: per span of
-// `span` positions, its K rows, then its V rows.
+// kSpan positions from b, its K rows, then its V rows.
 class RowPrefetcher {
  public:
   RowPrefetcher(const float* const* k_rows, const float* const* v_rows, size_t row_bytes,
-                uint32_t span, uint32_t b, uint32_t e)
-      : k_(k_rows), v_(v_rows), bytes_(row_bytes), span_(span), b_(b), e_(e) {}
+                uint32_t b, uint32_t e)
+      : k_(k_rows), v_(v_rows), bytes_(row_bytes), b_(b), e_(e) {}
   // The K (V) row of position pos is being read.
   void K(uint32_t pos) { Until(Slot(pos, false) + kPrefetchAhead); }
   void V(uint32_t pos) { Until(Slot(pos, true) + kPrefetchAhead); }
@@ -56,16 +62,16 @@ class RowPrefetcher {
  private:
   // Reading-order index of pos's K or V row; a short last span leaves unused indices.
   uint64_t Slot(uint32_t pos, bool v) const {
-    const uint32_t sb = pos - (pos - b_) % span_;
-    const uint32_t n = std::min(span_, e_ - sb);
-    return uint64_t{(sb - b_) / span_} * 2 * span_ + (v ? n : 0) + (pos - sb);
+    const uint32_t sb = pos - (pos - b_) % kSpan;
+    const uint32_t n = std::min(kSpan, e_ - sb);
+    return uint64_t{(sb - b_) / kSpan} * 2 * kSpan + (v ? n : 0) + (pos - sb);
   }
   void Until(uint64_t slot) {
     for (; next_ < slot; ++next_) {
-      const uint32_t sb = b_ + static_cast<uint32_t>(next_ / (2 * span_)) * span_;
+      const uint32_t sb = b_ + static_cast<uint32_t>(next_ / (2 * kSpan)) * kSpan;
       if (sb >= e_) return;
-      const uint32_t off = static_cast<uint32_t>(next_ % (2 * span_));
-      const uint32_t n = std::min(span_, e_ - sb);
+      const uint32_t off = static_cast<uint32_t>(next_ % (2 * kSpan));
+      const uint32_t n = std::min(kSpan, e_ - sb);
       if (off < n)
         PrefetchRow(k_[sb + off], bytes_);
       else if (off < 2 * n)
@@ -75,7 +81,7 @@ class RowPrefetcher {
   const float* const* k_;
   const float* const* v_;
   size_t bytes_;
-  uint32_t span_, b_, e_;
+  uint32_t b_, e_;
   uint64_t next_ = 0;
 };
 
