@@ -26,10 +26,9 @@ DaemonCoreImpl::ScheduleFigures DaemonCoreImpl::ScheduleLocked(
                       m.step_seconds > 0 ? m.step_seconds : assumed, m.h2d_grant};
   };
   ScheduleFigures f;
-  f.scheduled_bytes = PooledBytes(target, w.page_bytes);
-  for (tiering::Tier t : target.tiers) {
-    f.pooled_pages += t == tiering::Tier::kT1 || t == tiering::Tier::kT2;
-  }
+  const Pooled pooled = PooledPages(target, w.page_bytes);
+  f.scheduled_bytes = pooled.bytes;
+  f.pooled_pages = pooled.pages;
   // What the worker holds with this plan's target in place of the sequence's last one.
   const uint64_t worker_pooled = w.scheduled_bytes - s.scheduled_bytes + f.scheduled_bytes;
   std::vector<LinkMember> members = {member(w, worker_pooled)};

@@ -102,13 +102,14 @@ SequenceBudget ShareOfWorker(double grant_bytes_per_second, double step_seconds,
   return b;
 }
 
-uint64_t PooledBytes(const tiering::Placement& p, const std::array<uint64_t, 2>& page_bytes) {
-  uint64_t bytes = 0;
+Pooled PooledPages(const tiering::Placement& p, const std::array<uint64_t, 2>& page_bytes) {
+  Pooled pooled;
   for (tiering::Tier t : p.tiers) {
-    if (t == tiering::Tier::kT1) bytes += page_bytes[0];
-    if (t == tiering::Tier::kT2) bytes += page_bytes[1];
+    if (t != tiering::Tier::kT1 && t != tiering::Tier::kT2) continue;
+    ++pooled.pages;
+    pooled.bytes += page_bytes[t == tiering::Tier::kT2 ? 1 : 0];
   }
-  return bytes;
+  return pooled;
 }
 
 uint64_t ScheduleBytesBound(uint32_t groups, uint64_t pooled_pages) {

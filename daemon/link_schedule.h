@@ -67,8 +67,11 @@ SequenceBudget ShareOfWorker(double grant_bytes_per_second, double step_seconds,
                              uint64_t worker_staging_bytes, uint64_t sequence_pooled_bytes,
                              uint64_t worker_pooled_bytes);
 
-// T1/T2 bytes of a placement: page_bytes per pool (index 0 = T1, 1 = T2).
-uint64_t PooledBytes(const tiering::Placement& p, const std::array<uint64_t, 2>& page_bytes);
+// The T1/T2 pages of a placement and their bytes: page_bytes per pool (index 0 = T1, 1 = T2).
+struct Pooled {
+  uint64_t pages = 0, bytes = 0;
+};
+Pooled PooledPages(const tiering::Placement& p, const std::array<uint64_t, 2>& page_bytes);
 
 // An upper bound of the serialized schedule of `pooled_pages` T1/T2 pages over `groups`.
 uint64_t ScheduleBytesBound(uint32_t groups, uint64_t pooled_pages);

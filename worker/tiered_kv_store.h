@@ -208,6 +208,8 @@ class TieredKvStore final : public AttentionCache {
                            std::vector<ReleasedSlot>* released);
   PagePool* PoolOf(tiering::Tier tier) const;
   uint32_t ValidRows(uint32_t group, uint32_t page) const;
+  // The page is named in place and still lives in host memory (T1/T2).
+  bool InPlaceNow(uint32_t group, uint32_t page) const;
   // The layer's decode-step positions have a live in-place page (split attention applies).
   bool SplitsAt(uint32_t group, uint32_t length) const;
   // Attention as two partials (pages in place, the rest) merged by log-sum-exp; `p` is the

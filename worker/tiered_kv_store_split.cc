@@ -1,6 +1,6 @@
 // TieredKvStore: split attention over the pages a prefetch schedule leaves in host memory.
 
-#include <cmath>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "worker/kernels/attention_merge.h"
@@ -54,13 +54,18 @@ uint64_t TieredKvStore::in_place_pages() const {
   return n;
 }
 
+bool TieredKvStore::InPlaceNow(uint32_t group, uint32_t page) const {
+  if (in_place_.empty() || page >= in_place_[group].size() || in_place_[group][page] == 0) {
+    return false;
+  }
+  const Tier t = pages_[group][page].tier;
+  return t == Tier::kT1 || t == Tier::kT2;
+}
+
 bool TieredKvStore::SplitsAt(uint32_t group, uint32_t length) const {
-  if (in_place_.empty()) return false;
-  const std::vector<uint8_t>& mask = in_place_[group];
-  const uint32_t pages = static_cast<uint32_t>(geometry_.NumPages(length));
-  for (uint32_t page = 0; page < pages && page < mask.size(); ++page) {
-    const Tier t = pages_[group][page].tier;
-    if (mask[page] != 0 && (t == Tier::kT1 || t == Tier::kT2)) return true;
+  const uint64_t pages = geometry_.NumPages(length);
+  for (uint32_t page = 0; page < pages; ++page) {
+    if (InPlaceNow(group, page)) return true;
   }
   return false;
 }
@@ -69,16 +74,15 @@ void TieredKvStore::AttendSplit(const kernels::AttentionParams& p, uint32_t grou
   // Part 0: every page but those in place (what the device would attend); part 1: those in
   // place (the CPU's partial over DDR). Each sees the whole length, the other's rows null.
   const uint32_t pt = geometry_.page_tokens;
-  const std::vector<uint8_t>& mask = in_place_[group];
   for (int part = 0; part < 2; ++part) {
     split_k_[part].assign(p.k_rows, p.k_rows + p.length);
     split_v_[part].assign(p.v_rows, p.v_rows + p.length);
   }
-  for (uint32_t pos = 0; pos < p.length; ++pos) {
-    const uint32_t page = pos / pt;
-    const Tier t = pages_[group][page].tier;
-    const bool here = page < mask.size() && mask[page] != 0 && (t == Tier::kT1 || t == Tier::kT2);
-    split_k_[here ? 0 : 1][pos] = split_v_[here ? 0 : 1][pos] = nullptr;
+  for (uint32_t page = 0; page * uint64_t{pt} < p.length; ++page) {
+    const int other = InPlaceNow(group, page) ? 0 : 1;  // the part that does not read this page
+    const uint32_t end = std::min<uint32_t>(p.length, (page + 1) * pt);
+    for (uint32_t pos = page * pt; pos < end; ++pos)
+      split_k_[other][pos] = split_v_[other][pos] = nullptr;
   }
   const size_t out_floats = size_t{p.num_q_heads} * p.head_dim;
   kernels::AttentionPartial parts[2];

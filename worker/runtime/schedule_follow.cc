@@ -29,10 +29,11 @@ absl::StatusOr<FollowedSchedule> CheckSchedule(const v1::PrefetchSchedule& sched
       const char* name;
       const google::protobuf::RepeatedField<uint32_t>& pages;
       uint64_t* bytes;
+      std::vector<uint32_t>* keep;  // where the list's pages go, or null
     };
-    const List lists[] = {{"resident", gs.resident(), &out.resident_bytes},
-                          {"stage", gs.stage(), &out.stage_bytes},
-                          {"in_place", gs.in_place(), &out.in_place_bytes}};
+    const List lists[] = {{"resident", gs.resident(), &out.resident_bytes, nullptr},
+                          {"stage", gs.stage(), &out.stage_bytes, nullptr},
+                          {"in_place", gs.in_place(), &out.in_place_bytes, &out.in_place[g]}};
     for (const List& list : lists) {
       for (uint32_t page : list.pages) {
         const std::string where = absl::StrCat("groups[", g, "].", list.name, " page ", page);
@@ -48,7 +49,7 @@ absl::StatusOr<FollowedSchedule> CheckSchedule(const v1::PrefetchSchedule& sched
         if (seen != 0) return Invalid(absl::StrCat(where, " is listed twice"));
         seen = 1;
         *list.bytes += store.SlotBytes(t == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, g);
-        if (list.bytes == &out.in_place_bytes) out.in_place[g].push_back(page);
+        if (list.keep != nullptr) list.keep->push_back(page);
       }
     }
   }

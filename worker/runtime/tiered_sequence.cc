@@ -280,37 +280,31 @@ absl::Status TieredSequence::ApplyDaemonPlan(const v1::TierPlan& plan, bool back
   report_.protected_overflow_plans += plan.protected_overflow();
   RETURN_IF_ERROR(scores_.FreezeEvicted(store_->placement(), g.page_tokens));
   // A refused schedule is counted and leaves attention whole: the plan itself stands.
-  (void)FollowSchedule(plan.plan_version(),
-                       plan.has_schedule() ? plan.schedule() : v1::PrefetchSchedule());
+  (void)FollowSchedule(plan.plan_version(), plan.schedule());  // unset: the empty schedule
   return acked;
 }
 
 absl::Status TieredSequence::FollowSchedule(uint64_t plan_version,
                                             const v1::PrefetchSchedule& schedule) {
-  auto refuse = [&](absl::Status why) {
+  // No groups: no link declared, nothing to follow (every page attended whole).
+  absl::StatusOr<FollowedSchedule> followed =
+      plan_version != acked_version_ ? absl::FailedPreconditionError(absl::StrCat(
+                                           "schedule of plan ", plan_version, " is stale: plan ",
+                                           acked_version_, " is in force"))
+      : schedule.groups_size() == 0  ? absl::StatusOr<FollowedSchedule>(FollowedSchedule{})
+                                     : CheckSchedule(schedule, *store_);
+  absl::Status s = followed.ok() ? store_->SetInPlacePages(followed->in_place) : followed.status();
+  if (!s.ok()) {
     ++report_.schedules_refused;
     (void)store_->SetInPlacePages({});
-    report_.resident_bytes = report_.stage_bytes = report_.in_place_bytes = 0;
-    return why;
-  };
-  if (plan_version != acked_version_) {
-    return refuse(absl::FailedPreconditionError(absl::StrCat(
-        "schedule of plan ", plan_version, " is stale: plan ", acked_version_, " is in force")));
+    followed = FollowedSchedule{};
+  } else if (schedule.groups_size() > 0) {
+    ++report_.schedules;
   }
-  if (schedule.groups_size() == 0) {  // no link declared: nothing to follow
-    (void)store_->SetInPlacePages({});
-    report_.resident_bytes = report_.stage_bytes = report_.in_place_bytes = 0;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<FollowedSchedule> followed = CheckSchedule(schedule, *store_);
-  if (!followed.ok()) return refuse(followed.status());
-  absl::Status set = store_->SetInPlacePages(followed->in_place);
-  if (!set.ok()) return refuse(set);
-  ++report_.schedules;
   report_.resident_bytes = followed->resident_bytes;
   report_.stage_bytes = followed->stage_bytes;
   report_.in_place_bytes = followed->in_place_bytes;
-  return absl::OkStatus();
+  return s;
 }
 
 void TieredSequence::MeasureStep() {
