@@ -1,4 +1,4 @@
-// libFuzzer target for the GGUF reader (worker/engine/gguf): any bytes are either a file whose
+// libFuzzer target for the GGUF reader (engine/gguf): any bytes are either a file whose
 // every tensor lies inside the buffer and whose metadata reads back by key, or an error naming
 // the file; never a crash, an out-of-bounds read (ASan) or undefined behaviour (UBSan).
 //
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "worker/engine/gguf.h"
+#include "engine/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using kvtier::engine::GgufFile;

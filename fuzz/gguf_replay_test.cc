@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/gguf.h"
 #include "fuzz/corpus_files.h"
-#include "tests/unit/worker/engine/gguf_writer.h"
-#include "worker/engine/gguf.h"
+#include "tests/unit/engine/gguf_writer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 

@@ -3,7 +3,7 @@
 
 // The seam between an inference engine and KV storage: the engine computes Q/K/V, the cache
 // stores K/V wherever its tiers say and runs attention over them. The reference engine
-// (worker/engine) talks only to this interface; the tiered store (worker/) implements it.
+// (engine/) talks only to this interface; the tiered store (worker/) implements it.
 
 #include <cstdint>
 

@@ -10,11 +10,11 @@
 #include <random>
 
 #include "benchmark/benchmark.h"
-#include "worker/engine/dense_attention_cache.h"
-#include "worker/engine/matmul.h"
-#include "worker/engine/model.h"
-#include "worker/engine/model_path.h"
-#include "worker/engine/sampler.h"
+#include "engine/dense_attention_cache.h"
+#include "engine/matmul.h"
+#include "engine/model.h"
+#include "engine/model_path.h"
+#include "engine/sampler.h"
 
 namespace kvtier::engine {
 namespace {

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "worker/engine/model.h"
-#include "worker/engine/model_path.h"
-#include "worker/engine/sampler.h"
+#include "engine/model.h"
+#include "engine/model_path.h"
+#include "engine/sampler.h"
 #include "worker/runtime/worker_runtime.h"
 
 namespace kvtier::engine {

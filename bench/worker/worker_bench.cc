@@ -21,9 +21,9 @@
 #include <memory>
 #include <vector>
 
+#include "engine/thread_pool.h"
 #include "worker/codecs/codec.h"
 #include "worker/device_arena.h"
-#include "worker/engine/thread_pool.h"
 #include "worker/kernels/attention_cpu.h"
 #include "worker/kernels/attention_merge.h"
 #include "worker/page_pool.h"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/dense_attention_cache.h"
+#include "engine/dense_attention_cache.h"
 #include "worker/runtime/worker_runtime.h"
 
 int main(int argc, char** argv) {

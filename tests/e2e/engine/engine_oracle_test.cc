@@ -9,11 +9,11 @@
 #include <functional>
 #include <sstream>
 
+#include "engine/dense_attention_cache.h"
+#include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/engine/engine_test_util.h"
-#include "worker/engine/dense_attention_cache.h"
-#include "worker/engine/sampler.h"
 
 namespace kvtier::engine {
 namespace {

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <memory>
 
+#include "engine/model.h"
+#include "engine/model_path.h"
 #include "gtest/gtest.h"
-#include "worker/engine/model.h"
-#include "worker/engine/model_path.h"
 
 namespace kvtier::engine {
 

@@ -4,11 +4,11 @@
 
 #include <random>
 
+#include "engine/dense_attention_cache.h"
+#include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/engine/engine_test_util.h"
 #include "tests/unit/worker/store_rig.h"
-#include "worker/engine/dense_attention_cache.h"
-#include "worker/engine/sampler.h"
 #include "worker/tiered_kv_store.h"
 
 namespace kvtier::engine {

@@ -4,11 +4,11 @@
 #include <fstream>
 #include <string>
 
+#include "engine/dense_attention_cache.h"
+#include "engine/sampler.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/engine/engine_test_util.h"
-#include "worker/engine/dense_attention_cache.h"
-#include "worker/engine/sampler.h"
 
 namespace kvtier::engine {
 namespace {

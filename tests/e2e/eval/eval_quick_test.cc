@@ -9,10 +9,10 @@
 #include <sstream>
 
 #include "absl/strings/str_split.h"
+#include "engine/eval/eval.h"
+#include "engine/eval/grid.h"
+#include "engine/model_path.h"
 #include "gtest/gtest.h"
-#include "worker/engine/eval/eval.h"
-#include "worker/engine/eval/grid.h"
-#include "worker/engine/model_path.h"
 
 namespace kvtier::engine {
 namespace {

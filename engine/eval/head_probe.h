@@ -1,0 +1,57 @@
+#ifndef KVTIER_ENGINE_EVAL_HEAD_PROBE_H_
+#define KVTIER_ENGINE_EVAL_HEAD_PROBE_H_
+
+// Per-head attention for the worker-side baselines (h2o, rkv, arkv) without changing the
+// AttentionCache interface or the store's kernel: a decorator that forwards every call to the
+// real cache (whose output the model uses) and keeps what it needs to recompute, on request,
+// the softmax rows of the most recent queries per query head — a copy of the post-RoPE keys,
+// the last queries, and its own view of which (layer, kv head, position) is masked.
+// Not thread-safe: one decode loop drives it.
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "worker/attention_cache.h"
+
+namespace kvtier::engine {
+
+class HeadProbeCache final : public worker::AttentionCache {
+ public:
+  // `inner` is not owned and must outlive the probe. Keeps up to `query_capacity` most recent
+  // queries per layer.
+  HeadProbeCache(const worker::AttentionShape& shape, worker::AttentionCache* inner,
+                 uint32_t query_capacity);
+
+  uint32_t Length(uint32_t layer) const override { return inner_->Length(layer); }
+  absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
+  absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
+                      float* position_mass) override;
+
+  void set_query_capacity(uint32_t capacity);
+  // Marks (layer, kv_head, position) as no longer attended (mirrors the real cache's mask).
+  void Drop(uint32_t layer, uint32_t kv_head, uint32_t position);
+  bool Dropped(uint32_t layer, uint32_t kv_head, uint32_t position) const;
+
+  // Softmax rows of the last `rows` queries (rows <= stored queries), causal, over the kept
+  // positions of the current length L: out = [num_layers][num_q_heads][rows][L] (0 where
+  // masked or in the future of the query).
+  void ComputeRows(uint32_t rows, std::vector<float>& out) const;
+  // Keys as [num_layers][num_kv_heads][L][head_dim].
+  void KeysByHead(std::vector<float>& out) const;
+  uint32_t stored_queries() const;
+  const worker::AttentionShape& shape() const { return shape_; }
+
+ private:
+  worker::AttentionShape shape_;
+  worker::AttentionCache* inner_;
+  uint32_t query_capacity_;
+  std::vector<std::vector<float>> keys_;                 // [layer][position][kv_head][head_dim]
+  std::vector<std::vector<uint8_t>> dropped_;            // [layer * kv + h][position]
+  std::vector<std::deque<std::vector<float>>> queries_;  // [layer] oldest first, with position
+  std::vector<std::deque<uint32_t>> query_pos_;
+};
+
+}  // namespace kvtier::engine
+
+#endif  // KVTIER_ENGINE_EVAL_HEAD_PROBE_H_

@@ -1,0 +1,319 @@
+// The forward pass on a tiny synthetic Llama written by the test (mixed weight types), against
+// a double-precision reference computed here from the dequantized weights; and the loader's
+// errors. Needs no model download.
+
+#include "engine/model.h"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "engine/dense_attention_cache.h"
+#include "engine/quant.h"
+#include "engine/unicode.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/engine/gguf_writer.h"
+
+namespace kvtier::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kLayers = 2, kHidden = 64, kHeads = 4, kKvHeads = 2, kHeadDim = 16;
+constexpr uint32_t kFfn = 96, kVocab = 259, kContext = 40;
+constexpr float kRopeBase = 10000.f, kEps = 1e-5f;
+
+struct Tensor {
+  std::vector<uint64_t> ne;
+  GgmlType type;
+  std::vector<uint8_t> bytes;
+};
+
+Tensor MakeTensor(std::vector<uint64_t> ne, GgmlType type, std::mt19937& rng, float scale,
+                  float offset = 0) {
+  std::normal_distribution<float> dist(0, scale);
+  size_t n = 1;
+  for (auto d : ne) n *= d;
+  std::vector<float> x(n);
+  for (float& v : x) v = offset + dist(rng);
+  Tensor t{ne, type, {}};
+  auto tr = GetGgmlTypeTraits(static_cast<uint32_t>(type));
+  t.bytes.resize(n / tr->block_size * tr->type_size);
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(t.bytes.data(), x.data(), n * 4);
+      break;
+    case GgmlType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h = Fp32ToFp16(x[i]);
+        std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+      }
+      break;
+    case GgmlType::kQ4_0:
+      QuantizeRowQ4_0(x.data(), t.bytes.data(), n);
+      break;
+    case GgmlType::kQ4_1:
+      QuantizeRowQ4_1(x.data(), t.bytes.data(), n);
+      break;
+    case GgmlType::kQ8_0:
+      QuantizeRowQ8_0(x.data(), t.bytes.data(), n);
+      break;
+    default:
+      ADD_FAILURE() << "unhandled type";
+  }
+  return t;
+}
+
+std::map<std::string, Tensor> MakeWeights(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::map<std::string, Tensor> w;
+  const uint64_t kv = kKvHeads * kHeadDim;
+  w["token_embd.weight"] = MakeTensor({kHidden, kVocab}, GgmlType::kQ8_0, rng, 1.0f);
+  w["output_norm.weight"] = MakeTensor({kHidden}, GgmlType::kF32, rng, 0.1f, 1.0f);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    w[p + "attn_norm.weight"] = MakeTensor({kHidden}, GgmlType::kF32, rng, 0.1f, 1.0f);
+    w[p + "ffn_norm.weight"] = MakeTensor({kHidden}, GgmlType::kF32, rng, 0.1f, 1.0f);
+    w[p + "attn_q.weight"] = MakeTensor({kHidden, kHidden}, GgmlType::kQ4_1, rng, 0.3f);
+    w[p + "attn_k.weight"] = MakeTensor({kHidden, kv}, GgmlType::kQ4_1, rng, 0.3f);
+    w[p + "attn_v.weight"] = MakeTensor({kHidden, kv}, GgmlType::kF32, rng, 0.3f);
+    w[p + "attn_output.weight"] = MakeTensor({kHidden, kHidden}, GgmlType::kQ8_0, rng, 0.1f);
+    w[p + "ffn_gate.weight"] = MakeTensor({kHidden, kFfn}, GgmlType::kQ4_0, rng, 0.2f);
+    w[p + "ffn_up.weight"] = MakeTensor({kHidden, kFfn}, GgmlType::kF16, rng, 0.2f);
+    w[p + "ffn_down.weight"] = MakeTensor({kFfn, kHidden}, GgmlType::kQ4_1, rng, 0.1f);
+  }
+  return w;
+}
+
+std::string ByteToken(int b) {
+  bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+  int cp = b;
+  if (!printable) {
+    int k = 0;
+    for (int i = 0; i < b; ++i) {
+      if (!((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174)) ++k;
+    }
+    cp = 256 + k;
+  }
+  std::string s;
+  AppendUtf8(cp, s);
+  return s;
+}
+
+void WriteModel(const std::string& path, const std::map<std::string, Tensor>& weights,
+                const std::string& arch = "llama", const std::string& pre = "smollm") {
+  GgufWriter w;
+  const int kKvs = 14;
+  w.Header(weights.size(), kKvs);
+  w.KvStr("tokenizer.ggml.pre", pre);
+  w.KvStr("general.architecture", arch);
+  w.KvU32("llama.block_count", kLayers);
+  w.KvU32("llama.embedding_length", kHidden);
+  w.KvU32("llama.attention.head_count", kHeads);
+  w.KvU32("llama.attention.head_count_kv", kKvHeads);
+  w.KvU32("llama.feed_forward_length", kFfn);
+  w.KvU32("llama.context_length", kContext);
+  w.Str("llama.rope.freq_base");
+  w.Put<uint32_t>(6);
+  w.Put<float>(kRopeBase);
+  w.Str("llama.attention.layer_norm_rms_epsilon");
+  w.Put<uint32_t>(6);
+  w.Put<float>(kEps);
+  w.KvStr("tokenizer.ggml.model", "gpt2");
+  w.KvU32("tokenizer.ggml.eos_token_id", 256);
+  w.Str("tokenizer.ggml.tokens");
+  w.Put<uint32_t>(9);
+  w.Put<uint32_t>(8);
+  w.Put<uint64_t>(kVocab);
+  for (int b = 0; b < 256; ++b) w.Str(ByteToken(b));
+  w.Str("<|im_end|>");
+  w.Str("ab");
+  w.Str("<|im_start|>");
+  w.Str("tokenizer.ggml.merges");
+  w.Put<uint32_t>(9);
+  w.Put<uint32_t>(8);
+  w.Put<uint64_t>(1);
+  w.Str("a b");
+  uint64_t offset = 0;
+  for (const auto& [name, t] : weights) {
+    w.TensorInfo(name, t.ne, static_cast<uint32_t>(t.type), offset);
+    offset += (t.bytes.size() + 31) / 32 * 32;
+  }
+  w.Align(32);
+  for (const auto& [name, t] : weights) {
+    w.Raw(t.bytes.data(), t.bytes.size());
+    w.Align(32);
+  }
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(w.bytes().data()), w.bytes().size());
+}
+
+// Double-precision forward over `ids` (positions 0..n-1); last position's logits.
+std::vector<double> Reference(const std::map<std::string, Tensor>& w,
+                              const std::vector<int32_t>& ids) {
+  auto mat = [&](const std::string& name) {
+    const Tensor& t = w.at(name);
+    std::vector<float> f(t.ne[0] * (t.ne.size() > 1 ? t.ne[1] : 1));
+    DequantizeRow(t.type, t.bytes.data(), f.data(), f.size());
+    return std::vector<double>(f.begin(), f.end());
+  };
+  auto matvec = [](const std::vector<double>& m, const std::vector<double>& x, size_t rows) {
+    std::vector<double> y(rows);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < x.size(); ++c) y[r] += m[r * x.size() + c] * x[c];
+    return y;
+  };
+  auto rms = [](const std::vector<double>& x, const std::vector<double>& g) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] / std::sqrt(ss / x.size() + kEps) * g[i];
+    return y;
+  };
+  auto rope = [](std::vector<double>& v, size_t heads, size_t pos) {
+    for (size_t h = 0; h < heads; ++h)
+      for (size_t i = 0; i < kHeadDim / 2; ++i) {
+        double th = pos * std::pow(double(kRopeBase), -2.0 * i / kHeadDim);
+        double a = v[h * kHeadDim + 2 * i], b = v[h * kHeadDim + 2 * i + 1];
+        v[h * kHeadDim + 2 * i] = a * std::cos(th) - b * std::sin(th);
+        v[h * kHeadDim + 2 * i + 1] = a * std::sin(th) + b * std::cos(th);
+      }
+  };
+  const auto emb = mat("token_embd.weight");
+  std::vector<std::vector<double>> xs;
+  for (int32_t id : ids)
+    xs.emplace_back(emb.begin() + id * kHidden, emb.begin() + (id + 1) * kHidden);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto wq = mat(p + "attn_q.weight"), wk = mat(p + "attn_k.weight"),
+         wv = mat(p + "attn_v.weight");
+    auto wo = mat(p + "attn_output.weight"), g1 = mat(p + "attn_norm.weight");
+    auto g2 = mat(p + "ffn_norm.weight"), wg = mat(p + "ffn_gate.weight");
+    auto wu = mat(p + "ffn_up.weight"), wd = mat(p + "ffn_down.weight");
+    std::vector<std::vector<double>> q, k, v;
+    for (size_t t = 0; t < xs.size(); ++t) {
+      auto xn = rms(xs[t], g1);
+      q.push_back(matvec(wq, xn, kHidden));
+      k.push_back(matvec(wk, xn, kKvHeads * kHeadDim));
+      v.push_back(matvec(wv, xn, kKvHeads * kHeadDim));
+      rope(q.back(), kHeads, t);
+      rope(k.back(), kKvHeads, t);
+    }
+    for (size_t t = 0; t < xs.size(); ++t) {
+      std::vector<double> att(kHidden);
+      for (uint32_t h = 0; h < kHeads; ++h) {
+        const uint32_t kvh = h / (kHeads / kKvHeads);
+        std::vector<double> s(t + 1);
+        double mx = -1e300, sum = 0;
+        for (size_t j = 0; j <= t; ++j) {
+          for (uint32_t c = 0; c < kHeadDim; ++c)
+            s[j] += q[t][h * kHeadDim + c] * k[j][kvh * kHeadDim + c];
+          s[j] /= std::sqrt(double(kHeadDim));
+          mx = std::max(mx, s[j]);
+        }
+        for (double& e : s) sum += (e = std::exp(e - mx));
+        for (size_t j = 0; j <= t; ++j)
+          for (uint32_t c = 0; c < kHeadDim; ++c)
+            att[h * kHeadDim + c] += s[j] / sum * v[j][kvh * kHeadDim + c];
+      }
+      auto o = matvec(wo, att, kHidden);
+      for (uint32_t i = 0; i < kHidden; ++i) xs[t][i] += o[i];
+      auto xn = rms(xs[t], g2);
+      auto g = matvec(wg, xn, kFfn), u = matvec(wu, xn, kFfn);
+      for (uint32_t i = 0; i < kFfn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      auto d = matvec(wd, g, kHidden);
+      for (uint32_t i = 0; i < kHidden; ++i) xs[t][i] += d[i];
+    }
+  }
+  return matvec(emb, rms(xs.back(), mat("output_norm.weight")), kVocab);
+}
+
+std::string TempModel(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+TEST(ModelTest, ForwardMatchesDoubleReferenceOnATinySyntheticLlama) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    const auto weights = MakeWeights(seed);
+    const std::string path = TempModel("tiny_llama.gguf");
+    WriteModel(path, weights);
+    for (int threads : {1, 2}) {
+      auto model = Model::Load(path, ModelOptions{threads});
+      ASSERT_TRUE(model.ok()) << model.status();
+      EXPECT_EQ((*model)->config().head_dim, kHeadDim);
+      EXPECT_TRUE((*model)->config().tied_embeddings);
+      std::mt19937 rng(seed);
+      std::vector<int32_t> ids;
+      for (int i = 0; i < 12; ++i) ids.push_back(rng() % kVocab);
+      DenseAttentionCache cache((*model)->attention_shape());
+      std::vector<float> logits;
+      // Prefill 8, then decode 4 (each checked against a full recomputation).
+      ASSERT_TRUE((*model)->Prefill(std::span(ids).first(8), cache, &logits).ok());
+      for (size_t n = 8; n <= ids.size(); ++n) {
+        const auto ref = Reference(weights, std::vector<int32_t>(ids.begin(), ids.begin() + n));
+        double scale = 0;
+        for (double r : ref) scale = std::max(scale, std::fabs(r));
+        for (uint32_t i = 0; i < kVocab; ++i) {
+          ASSERT_NEAR(logits[i], ref[i], 2e-4 * scale + 1e-4) << "n=" << n << " id " << i;
+        }
+        if (n == ids.size()) break;
+        DecodeRequest r{ids[n], &cache, &logits};
+        ASSERT_TRUE((*model)->Decode(std::span<const DecodeRequest>(&r, 1)).ok());
+      }
+    }
+    std::remove(path.c_str());
+  }
+}
+
+TEST(ModelTest, RejectsOtherArchitectures) {
+  const std::string path = TempModel("gpt2_arch.gguf");
+  WriteModel(path, MakeWeights(1), "gpt2");
+  auto m = Model::Load(path);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), HasSubstr("unsupported architecture 'gpt2'"));
+  std::remove(path.c_str());
+}
+
+TEST(ModelTest, RejectsOtherPreTokenizers) {
+  const std::string path = TempModel("llama3_pre.gguf");
+  WriteModel(path, MakeWeights(1), "llama", "llama-bpe");
+  auto m = Model::Load(path);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), HasSubstr("tokenizer.ggml.pre = 'llama-bpe'"));
+  std::remove(path.c_str());
+}
+
+TEST(ModelTest, RejectsMissingAndMisshapenTensors) {
+  const std::string path = TempModel("broken.gguf");
+  auto weights = MakeWeights(1);
+  weights.erase("blk.1.ffn_up.weight");
+  WriteModel(path, weights);
+  auto m = Model::Load(path);
+  EXPECT_THAT(m.status().message(), HasSubstr("tensor 'blk.1.ffn_up.weight' is missing"));
+  weights = MakeWeights(1);
+  std::mt19937 rng(1);
+  weights["blk.0.attn_k.weight"] = MakeTensor({kHidden, 64}, GgmlType::kF32, rng, 1);
+  WriteModel(path, weights);
+  m = Model::Load(path);
+  EXPECT_THAT(m.status().message(), HasSubstr("has shape [64, 64], expected [64, 32]"));
+  std::remove(path.c_str());
+}
+
+TEST(ModelTest, EnforcesTheContextLengthAcrossPrefillAndDecode) {
+  const std::string path = TempModel("ctx.gguf");
+  WriteModel(path, MakeWeights(4));
+  auto model = Model::Load(path, ModelOptions{1});
+  ASSERT_TRUE(model.ok());
+  DenseAttentionCache cache((*model)->attention_shape());
+  std::vector<float> logits;
+  std::vector<int32_t> ids(kContext, 7);
+  ASSERT_TRUE((*model)->Prefill(ids, cache, &logits).ok());
+  DecodeRequest r{7, &cache, &logits};
+  absl::Status s = (*model)->Decode(std::span<const DecodeRequest>(&r, 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("exceeds the context length 40"));
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace kvtier::engine
