@@ -1,0 +1,86 @@
+// The store suite over the CUDA backend (T0 in HBM, pools pinned, attention and scores on the
+// device): the same tests the host backend passes. Skipped without a device.
+
+#include <cuda_runtime_api.h>
+
+#include "tests/gpu/cuda/gpu_test_util.h"
+#include "tests/unit/worker/store_backend_suite.h"
+#include "worker/cuda/cuda_kv_backend.h"
+
+namespace kvtier::worker::testing {
+namespace {
+
+// Device copies of the engine's tensors, on the default stream (the backends' stream here).
+class DeviceTensor {
+ public:
+  explicit DeviceTensor(const std::vector<float>& host) : bytes_(host.size() * 4) {
+    if (cudaMalloc(&dev_, bytes_) == cudaSuccess) {
+      cudaMemcpy(dev_, host.data(), bytes_, cudaMemcpyHostToDevice);
+    }
+  }
+  explicit DeviceTensor(size_t floats) : bytes_(floats * 4) { cudaMalloc(&dev_, bytes_); }
+  ~DeviceTensor() { cudaFree(dev_); }
+  float* get() const { return static_cast<float*>(dev_); }
+  void CopyTo(std::vector<float>* out) const {
+    out->resize(bytes_ / 4);
+    cudaMemcpy(out->data(), dev_, bytes_, cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  void* dev_ = nullptr;
+  size_t bytes_;
+};
+
+class CudaHarness final : public StoreHarness {
+ public:
+  CudaHarness() {
+    if (!::kvtier::testing::NoGpuReason().empty()) return;
+    auto backends = cuda::MakeCudaStoreBackends(uint64_t{1} << 28, /*stream=*/nullptr);
+    if (backends.ok()) {
+      backends_ = *std::move(backends);
+    } else {
+      error_ = backends.status().ToString();
+    }
+  }
+  std::string Unavailable() const override {
+    const std::string why = ::kvtier::testing::NoGpuReason();
+    if (!why.empty()) return "no CUDA device: " + why;
+    return error_;
+  }
+  std::unique_ptr<TieredKvStore> MakeStore(const TieredKvStoreOptions& options) override {
+    auto backend = backends_->MakeBackend(options);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (!backend.ok()) return nullptr;
+    auto store = TieredKvStore::Create(
+        options, {&backends_->arena(), rig_.ddr.get(), rig_.compressed.get()}, *std::move(backend));
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+  absl::Status Append(TieredKvStore& store, uint32_t layer, const std::vector<float>& k,
+                      const std::vector<float>& v, uint32_t n) override {
+    DeviceTensor dk(k), dv(v);
+    absl::Status s = store.Append(layer, dk.get(), dv.get(), n);
+    cudaDeviceSynchronize();  // the tensors die here
+    return s;
+  }
+  absl::Status Attend(TieredKvStore& store, uint32_t layer, const std::vector<float>& q, uint32_t n,
+                      std::vector<float>* out) override {
+    DeviceTensor dq(q), dout(q.size());
+    absl::Status s = store.Attend(layer, dq.get(), n, dout.get(), nullptr);
+    cudaDeviceSynchronize();
+    dout.CopyTo(out);
+    return s;
+  }
+
+ private:
+  std::unique_ptr<StoreBackends> backends_;
+  std::string error_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Cuda, StoreBackendSuite,
+                         ::testing::Values(HarnessFactory{
+                             "Cuda", [] { return std::make_unique<CudaHarness>(); }}),
+                         HarnessName);
+
+}  // namespace
+}  // namespace kvtier::worker::testing
