@@ -88,7 +88,7 @@ uint64_t CompressedSlotBytes(const codecs::Codec& codec, const layout::KvGeometr
   return KvLayout{geometry, &codec}.CompressedSlotBytes(group);
 }
 
-float StoreScale(const TieredKvStoreOptions& options) {
+float AttentionScale(const TieredKvStoreOptions& options) {
   return options.scale > 0.f ? options.scale
                              : 1.f / std::sqrt(static_cast<float>(options.geometry.head_dim));
 }
@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<TieredKvStore>> TieredKvStore::Create(
                 std::make_unique<HostKvBackend>(
                     HostKvBackendOptions{.layout = {options.geometry, codec},
                                          .num_q_heads = options.num_q_heads,
-                                         .scale = StoreScale(options),
+                                         .scale = AttentionScale(options),
                                          .max_staged_pages = options.max_staged_pages,
                                          .portable_kernel = options.portable_kernel}));
 }
@@ -120,8 +120,6 @@ absl::StatusOr<std::unique_ptr<TieredKvStore>> TieredKvStore::Create(
 TieredKvStore::TieredKvStore(const TieredKvStoreOptions& options, const StoreMemory& memory,
                              const codecs::Codec* codec, std::unique_ptr<KvBackend> backend)
     : geometry_(options.geometry),
-      num_q_heads_(options.num_q_heads),
-      scale_(StoreScale(options)),
       keep_mask_(options.keep_mask),
       memory_(memory),
       codec_(codec),

@@ -84,6 +84,8 @@ struct StoreStats {
   uint64_t split_attends = 0;          // Attend calls merged from two partials
 };
 
+// The scale attention uses: options.scale, or 1/sqrt(head_dim) when it is 0.
+float AttentionScale(const TieredKvStoreOptions& options);
 // Full-precision slot bytes of group g (what the worker tells the daemon for T1).
 uint64_t DdrSlotBytes(const layout::KvGeometry& geometry, uint32_t group);
 // Compressed slot bytes of group g under `codec` (T2).
@@ -214,8 +216,6 @@ class TieredKvStore final : public AttentionCache {
   bool SplitsAt(uint32_t group, uint32_t length) const;
 
   layout::KvGeometry geometry_;
-  uint32_t num_q_heads_;
-  float scale_;
   bool keep_mask_;
   StoreMemory memory_;
   const codecs::Codec* codec_;

@@ -57,6 +57,14 @@ class PinnedPools {
   absl::flat_hash_map<const uint8_t*, std::unique_ptr<PinnedMapping>> by_base_ ABSL_GUARDED_BY(mu_);
 };
 
+// Whether the event's work completed. cudaErrorNotReady is also left as the thread's last error:
+// cleared here, or the next launcher's cudaGetLastError would report it.
+bool EventDone(cudaEvent_t e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) cudaGetLastError();
+  return r == cudaSuccess;
+}
+
 // Completion tokens backed by CUDA events, in issue order. Not thread-safe.
 class EventTokens {
  public:
@@ -64,7 +72,9 @@ class EventTokens {
     for (auto& [token, event] : pending_) cudaEventDestroy(event);
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
-  absl::StatusOr<CopyToken> Record(cudaStream_t stream) {
+  // A token for the work queued so far on `stream`; `then` (if not null) waits for it before its
+  // later work.
+  absl::StatusOr<CopyToken> Record(cudaStream_t stream, cudaStream_t then = nullptr) {
     cudaEvent_t e = nullptr;
     if (free_.empty()) {
       KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -74,6 +84,7 @@ class EventTokens {
     }
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, stream));
     pending_.emplace_back(++last_, e);
+    if (then != nullptr) KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(then, e, 0));
     return last_;
   }
   // Every token up to `t` completed (streams differ: each is asked).
@@ -81,7 +92,7 @@ class EventTokens {
     Retire();
     for (auto& [token, event] : pending_) {
       if (token > t) break;
-      if (cudaEventQuery(event) != cudaSuccess) return false;
+      if (!EventDone(event)) return false;
     }
     return true;
   }
@@ -96,7 +107,7 @@ class EventTokens {
 
  private:
   void Retire() {
-    while (!pending_.empty() && cudaEventQuery(pending_.front().second) == cudaSuccess) {
+    while (!pending_.empty() && EventDone(pending_.front().second)) {
       free_.push_back(pending_.front().second);
       pending_.pop_front();
     }
@@ -142,9 +153,7 @@ class CudaKvBackend final : public KvBackend {
                 cudaStream_t compute, PinnedPools* pinned)
       : layout_{options.geometry, codec},
         num_q_heads_(options.num_q_heads),
-        scale_(options.scale > 0.f
-                   ? options.scale
-                   : 1.f / std::sqrt(static_cast<float>(options.geometry.head_dim))),
+        scale_(AttentionScale(options)),
         compute_(compute),
         pinned_(pinned),
         host_(HostKvBackendOptions{
@@ -178,7 +187,8 @@ class CudaKvBackend final : public KvBackend {
   uint64_t BlockBytes() const { return layout_.LayerBlockFloats() * 4; }
   LayerStagerOptions StagerOptions(uint32_t entries) const;
   absl::Status EnsureStager(uint32_t entries);
-  absl::Status Issued(cudaStream_t stream);
+  // Records the token of a copy just issued on `stream`; `then` is ordered after it.
+  absl::Status Issued(cudaStream_t stream, cudaStream_t then = nullptr);
   // Host-memory moves (T1 <-> T2) run on the CPU once no copy touches the pools.
   absl::Status DrainCopies();
   // The layer's T1/T2 pages as staging requests, and their page indices.
@@ -268,8 +278,8 @@ absl::Status CudaKvBackend::EnsureStager(uint32_t entries) {
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::Issued(cudaStream_t stream) {
-  ASSIGN_OR_RETURN(last_copy_, tokens_.Record(stream));
+absl::Status CudaKvBackend::Issued(cudaStream_t stream, cudaStream_t then) {
+  ASSIGN_OR_RETURN(last_copy_, tokens_.Record(stream, then));
   issued_since_token_ = true;
   return absl::OkStatus();
 }
@@ -321,7 +331,8 @@ absl::Status CudaKvBackend::CopyPage(Tier from, const uint8_t* src, Tier to, uin
       ops.push_back({src + l * block, static_cast<uint64_t>(dst - t1_->base()) + l * block});
     }
     RETURN_IF_ERROR(stager_->Offload(ops, compute_));
-    return Issued(stager_->d2h_stream());
+    // Staging reads the slot on the H2D stream: after the offload landed.
+    return Issued(stager_->d2h_stream(), stager_->h2d_stream());
   }
   if (from == Tier::kT1 && to == Tier::kT0) {
     std::vector<RestoreOp> ops;
@@ -358,7 +369,7 @@ absl::Status CudaKvBackend::EncodePage(Tier from, const uint8_t* src, uint32_t g
                                      layout_.CompressedBlockOffset(l, codecs::TensorRole::kKey)});
   }
   RETURN_IF_ERROR(stager_->OffloadCompressed(ops, compute_));
-  return Issued(stager_->d2h_stream());
+  return Issued(stager_->d2h_stream(), stager_->h2d_stream());
 }
 
 absl::Status CudaKvBackend::DecodePage(const uint8_t* src, uint32_t group, uint32_t rows, Tier to,

@@ -6,6 +6,7 @@
 #include "tests/gpu/cuda/gpu_test_util.h"
 #include "tests/unit/worker/store_backend_suite.h"
 #include "worker/cuda/cuda_kv_backend.h"
+#include "worker/runtime/worker_runtime.h"
 
 namespace kvtier::worker::testing {
 namespace {
@@ -81,6 +82,55 @@ INSTANTIATE_TEST_SUITE_P(Cuda, StoreBackendSuite,
                          ::testing::Values(HarnessFactory{
                              "Cuda", [] { return std::make_unique<CudaHarness>(); }}),
                          HarnessName);
+
+double ScoreSum(const TieredSequence& seq) {
+  double sum = 0;
+  for (float x : seq.scores().TokenScores(0)) sum += x;
+  return sum;
+}
+
+// One forward pass of n tokens through the sequence, with device tensors.
+void Pass(std::mt19937& rng, TieredSequence& seq, uint32_t n) {
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    DeviceTensor k(RandomVector(rng, n * 192)), v(RandomVector(rng, n * 192));
+    DeviceTensor q(RandomVector(rng, n * 576)), out(size_t{n} * 576);
+    ASSERT_TRUE(seq.Append(layer, k.get(), v.get(), n).ok());
+    ASSERT_TRUE(seq.Attend(layer, q.get(), n, out.get(), nullptr).ok());
+    cudaDeviceSynchronize();
+  }
+}
+
+// The seam with the engine: device pointers in, the cumulative score kept on the device and
+// read by the sequence once per re-tiering. Each query's mass is 1 per layer and head, so the
+// scores sum to the queries seen up to the last re-tiering.
+TEST(CudaSequenceTest, ScoresReachTheHostOncePerRetiering) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  RuntimeOptions o;
+  o.attention = {.num_layers = 2, .num_q_heads = 9, .num_kv_heads = 3, .head_dim = 64};
+  o.arena_bytes = 64 << 20;
+  o.local_ddr_bytes = 16 << 20;
+  o.local_compressed_bytes = 16 << 20;
+  o.backend = StoreBackend::kCuda;
+  auto runtime = WorkerRuntime::Create(o);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  SequenceOptions so;
+  so.policy = "full";
+  so.prompt_tokens = 8;
+  so.tiering.retier_interval = 4;
+  auto seq = (*runtime)->Open(so);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  std::mt19937 rng(3);
+  Pass(rng, **seq, 8);  // prefill: re-tiers at its end
+  EXPECT_NEAR(ScoreSum(**seq), 8.0, 1e-3);
+  for (int step = 1; step <= 3; ++step) Pass(rng, **seq, 1);
+  EXPECT_NEAR(ScoreSum(**seq), 8.0, 1e-3);  // not read between re-tierings
+  Pass(rng, **seq, 1);                      // step 4 re-tiers
+  EXPECT_NEAR(ScoreSum(**seq), 12.0, 1e-3);
+  std::vector<float> mass(13);
+  DeviceTensor q(RandomVector(rng, 576)), out(size_t{576});
+  EXPECT_EQ((*seq)->Attend(0, q.get(), 1, out.get(), mass.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
 
 }  // namespace
 }  // namespace kvtier::worker::testing
