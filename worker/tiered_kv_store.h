@@ -131,12 +131,13 @@ class TieredKvStore final : public AttentionCache {
   // partial page being written to T2/T3 (on a device backend: out of T0 at all).
   // FAILED_PRECONDITION when layers differ in length (plans apply between forward passes).
   // RESOURCE_EXHAUSTED when promotions would overflow the arena at any point of the plan's
-  // order. Nothing is issued to the backend before the whole plan passed. `released`
-  // (optional) receives the source slots no longer used, once the copies that read them have
-  // landed (ApplyPlan waits for those; T0 blocks given up are recycled when their copies
-  // complete, without a wait). Only if an arena shared with other sequences fills up between
-  // validation and a promotion does a plan stop part-way (RESOURCE_EXHAUSTED naming the move):
-  // the moves before it are applied, every page still has exactly one valid copy.
+  // order. Nothing is issued to the backend before the whole plan passed. ApplyPlan returns
+  // only once the copies reading the source slots it gives up have landed (the daemon may hand
+  // them out as soon as it has the ack); `released` (optional) receives those slots. T0 blocks
+  // given up are recycled when their copies complete, without a wait. Only if an arena shared with
+  // other sequences fills up between validation and a promotion does a plan stop part-way
+  // (RESOURCE_EXHAUSTED naming the move): the moves before it are applied, every page still has
+  // exactly one valid copy.
   absl::Status ApplyPlan(const std::vector<tiering::Move>& moves,
                          const std::vector<SlotAssignment>& slots,
                          std::vector<ReleasedSlot>* released = nullptr);

@@ -213,9 +213,13 @@ absl::Status TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slo
     e.t0 = nullptr;
   } else {
     held_[m.from == Tier::kT1 ? 0 : 1].erase(e.slot);
-    if (released != nullptr) {
-      fence_.HoldSlot(token,
-                      {m.from == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, e.slot});
+    const ReleasedSlot source{m.from == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, e.slot};
+    // Held even when the caller does not collect `released`: the daemon frees the slot once it
+    // has the ack, which goes out when ApplyPlan returns.
+    if (token != kNoCopyPending) {
+      fence_.HoldSlot(token, source);
+    } else if (released != nullptr) {
+      released->push_back(source);
     }
   }
   if (m.from == Tier::kT2) backend_->Forget(m.group, m.page);
@@ -251,12 +255,12 @@ absl::Status TieredKvStore::ApplyPlan(const std::vector<Move>& moves,
   }
   // Source slots are reported only once the copies reading them have landed: the daemon may
   // hand them to someone else as soon as it has the ack.
-  if (released != nullptr && fence_.held_slots() > 0) {
+  if (fence_.held_slots() > 0) {
     absl::Status waited = backend_->Wait(fence_.SlotsToken());
     if (s.ok()) s = waited;
     PollFence();
     std::vector<ReleasedSlot> landed = fence_.TakeLandedSlots();
-    released->insert(released->end(), landed.begin(), landed.end());
+    if (released != nullptr) released->insert(released->end(), landed.begin(), landed.end());
   }
   if (!s.ok() && failed < moves.size()) {
     // Moves before the failed one are applied and the page table is consistent; it and the

@@ -178,6 +178,17 @@ TEST_F(FencedStoreTest, ReleasedSlotIsReportedOnlyAfterItsCopyLanded) {
   EXPECT_THAT(released, ElementsAre(ReleasedSlot{PoolKind::kDdr, Slot(0)}));
 }
 
+TEST_F(FencedStoreTest, PlanAppliedWithoutCollectingReleasesStillWaitsForItsSourceCopies) {
+  Make(/*host_t0=*/false);
+  Append(8);
+  ASSERT_TRUE(store_->ApplyPlan({{0, 0, Tier::kT0, Tier::kT1}}, {{Slot(0)}}).ok());
+  log_.clear();
+  // What a daemon plan does: no `released`, and the ack goes out when ApplyPlan returns.
+  ASSERT_TRUE(store_->ApplyPlan({{0, 0, Tier::kT1, Tier::kT0}}, {{0}}).ok());
+  ASSERT_THAT(log_, ElementsAre("copy T1->T0 #2", "wait 2"));
+  EXPECT_TRUE(backend_->Completed(2));
+}
+
 TEST_F(FencedStoreTest, PageBeingWrittenStaysInT0OnADeviceBackend) {
   Make(/*host_t0=*/false);
   Append(6);  // page 1 is partial
