@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "worker/host_kv_backend.h"
 
 namespace kvtier::worker {
 namespace {
@@ -18,7 +19,6 @@ using tiering::Tier;
 constexpr uint64_t kCompressedBlockAlignment = 16;
 
 uint64_t AlignUp(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
-uint64_t PageKey(uint32_t group, uint32_t page) { return uint64_t{group} << 32 | page; }
 
 uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
@@ -26,20 +26,12 @@ uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-// Bytes of one encoded K or V block reserved in a compressed page (page_tokens rows).
-uint64_t ReservedBlockBytes(const codecs::Codec& codec, const layout::KvGeometry& g,
-                            codecs::TensorRole role) {
-  return AlignUp(
-      codec.encoded_bytes(role, g.page_tokens, static_cast<uint32_t>(g.ValuesPerTokenLayer())),
-      kCompressedBlockAlignment);
-}
-
-absl::Status ValidateOptions(const TieredKvStoreOptions& o, const StoreMemory& m) {
+absl::Status ValidateOptions(const TieredKvStoreOptions& o, const StoreMemory& m,
+                             const KvBackend& backend) {
   RETURN_IF_ERROR(o.geometry.Validate());
   if (o.geometry.element_bytes != 4) {
     return absl::InvalidArgumentError(
-        absl::StrCat("geometry.element_bytes must be 4 (f32) on the CPU backend, got ",
-                     o.geometry.element_bytes));
+        absl::StrCat("geometry.element_bytes must be 4 (f32), got ", o.geometry.element_bytes));
   }
   if (o.num_q_heads == 0 || o.num_q_heads % o.geometry.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_q_heads (", o.num_q_heads,
@@ -51,8 +43,13 @@ absl::Status ValidateOptions(const TieredKvStoreOptions& o, const StoreMemory& m
     return absl::InvalidArgumentError(absl::StrCat("scale must be finite and >= 0, got ", o.scale));
   }
   if (m.arena == nullptr) return absl::InvalidArgumentError("memory.arena must not be null");
-  if (!m.arena->host_accessible()) {
-    return absl::InvalidArgumentError("memory.arena must be host-accessible on the CPU backend");
+  if (m.arena->host_accessible() != backend.host_t0()) {
+    return absl::InvalidArgumentError(absl::StrCat("memory.arena must ",
+                                                   backend.host_t0() ? "" : "not ",
+                                                   "be host-accessible on this backend"));
+  }
+  if (o.keep_mask && !backend.host_t0()) {
+    return absl::InvalidArgumentError("keep_mask is supported on the host backend only");
   }
   if (m.ddr_pool != nullptr && m.ddr_pool->kind() != PoolKind::kDdr) {
     return absl::InvalidArgumentError("memory.ddr_pool must be a pool of kind kDdr");
@@ -65,38 +62,69 @@ absl::Status ValidateOptions(const TieredKvStoreOptions& o, const StoreMemory& m
 
 }  // namespace
 
+uint64_t KvLayout::ReservedBlockBytes(codecs::TensorRole role) const {
+  return AlignUp(codec->encoded_bytes(role, geometry.page_tokens,
+                                      static_cast<uint32_t>(geometry.ValuesPerTokenLayer())),
+                 kCompressedBlockAlignment);
+}
+
+uint64_t KvLayout::CompressedBlockOffset(uint32_t layer_in_group, codecs::TensorRole role) const {
+  const uint64_t kb = ReservedBlockBytes(codecs::TensorRole::kKey);
+  const uint64_t vb = ReservedBlockBytes(codecs::TensorRole::kValue);
+  return uint64_t{layer_in_group} * (kb + vb) + (role == codecs::TensorRole::kKey ? 0 : kb);
+}
+
+uint64_t KvLayout::CompressedSlotBytes(uint32_t group) const {
+  return uint64_t{geometry.LayersInGroup(group)} * (ReservedBlockBytes(codecs::TensorRole::kKey) +
+                                                    ReservedBlockBytes(codecs::TensorRole::kValue));
+}
+
 uint64_t DdrSlotBytes(const layout::KvGeometry& geometry, uint32_t group) {
   return geometry.PageBytes(group);
 }
 
 uint64_t CompressedSlotBytes(const codecs::Codec& codec, const layout::KvGeometry& geometry,
                              uint32_t group) {
-  return uint64_t{geometry.LayersInGroup(group)} *
-         (ReservedBlockBytes(codec, geometry, codecs::TensorRole::kKey) +
-          ReservedBlockBytes(codec, geometry, codecs::TensorRole::kValue));
+  return KvLayout{geometry, &codec}.CompressedSlotBytes(group);
+}
+
+float AttentionScale(const TieredKvStoreOptions& options) {
+  return options.scale > 0.f ? options.scale
+                             : 1.f / std::sqrt(static_cast<float>(options.geometry.head_dim));
 }
 
 absl::StatusOr<std::unique_ptr<TieredKvStore>> TieredKvStore::Create(
     const TieredKvStoreOptions& options, const StoreMemory& memory) {
-  RETURN_IF_ERROR(ValidateOptions(options, memory));
+  RETURN_IF_ERROR(options.geometry.Validate());
   ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
-  return std::unique_ptr<TieredKvStore>(new TieredKvStore(options, memory, codec));
+  return Create(options, memory,
+                std::make_unique<HostKvBackend>(
+                    HostKvBackendOptions{.layout = {options.geometry, codec},
+                                         .num_q_heads = options.num_q_heads,
+                                         .scale = AttentionScale(options),
+                                         .max_staged_pages = options.max_staged_pages,
+                                         .portable_kernel = options.portable_kernel}));
+}
+
+absl::StatusOr<std::unique_ptr<TieredKvStore>> TieredKvStore::Create(
+    const TieredKvStoreOptions& options, const StoreMemory& memory,
+    std::unique_ptr<KvBackend> backend) {
+  if (backend == nullptr) return absl::InvalidArgumentError("backend must not be null");
+  RETURN_IF_ERROR(ValidateOptions(options, memory, *backend));
+  ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
+  RETURN_IF_ERROR(backend->BindPools(memory.ddr_pool, memory.compressed_pool));
+  return std::unique_ptr<TieredKvStore>(
+      new TieredKvStore(options, memory, codec, std::move(backend)));
 }
 
 TieredKvStore::TieredKvStore(const TieredKvStoreOptions& options, const StoreMemory& memory,
-                             const codecs::Codec* codec)
+                             const codecs::Codec* codec, std::unique_ptr<KvBackend> backend)
     : geometry_(options.geometry),
-      num_q_heads_(options.num_q_heads),
-      scale_(options.scale > 0.f ? options.scale
-                                 : 1.f / std::sqrt(static_cast<float>(options.geometry.head_dim))),
       keep_mask_(options.keep_mask),
-      max_staged_pages_(options.max_staged_pages),
-      isa_(options.portable_kernel ||
-                   !kernels::IsaUsable(kernels::BestIsa(), options.geometry.head_dim)
-               ? kernels::Isa::kPortable
-               : kernels::BestIsa()),
       memory_(memory),
       codec_(codec),
+      layout_{options.geometry, codec},
+      backend_(std::move(backend)),
       row_floats_(options.geometry.ValuesPerTokenLayer()),
       lengths_(options.geometry.num_layers, 0),
       pages_(options.geometry.layer_groups) {
@@ -104,11 +132,30 @@ TieredKvStore::TieredKvStore(const TieredKvStoreOptions& options, const StoreMem
 }
 
 TieredKvStore::~TieredKvStore() {
+  // Copies still reading T0 blocks or slots land before the memory goes back.
+  (void)backend_->Drain();
+  PollFence();
   for (uint32_t g = 0; g < pages_.size(); ++g) {
     for (PageEntry& e : pages_[g]) {
-      if (e.tier == Tier::kT0) memory_.arena->Free(e.t0, geometry_.PageBytes(g));
+      if (e.tier == Tier::kT0) FreeBlock(e.t0, geometry_.PageBytes(g));
     }
   }
+}
+
+void TieredKvStore::PollFence() {
+  if (fence_.held_blocks() == 0 && fence_.held_slots() == 0) return;
+  fence_.Poll([this](CopyToken t) { return backend_->Completed(t); },
+              [this](uint8_t* block, uint64_t bytes) { FreeBlock(block, bytes); });
+}
+
+absl::StatusOr<uint8_t*> TieredKvStore::AllocateBlock(uint64_t bytes) {
+  PollFence();
+  absl::StatusOr<uint8_t*> block = memory_.arena->Allocate(bytes);
+  if (block.ok() || fence_.held_blocks() == 0) return block;
+  // Blocks given up by this store's demotions come back once their copies land.
+  RETURN_IF_ERROR(backend_->Wait(fence_.BlocksToken()));
+  PollFence();
+  return memory_.arena->Allocate(bytes);
 }
 
 uint32_t TieredKvStore::Length(uint32_t layer) const {
@@ -127,6 +174,7 @@ absl::Status TieredKvStore::RebindPools(PagePool* ddr_pool, PagePool* compressed
                                                       " pages in T1 and ", held_[1].size(),
                                                       " in T2 still live in the old ones"));
   }
+  RETURN_IF_ERROR(backend_->BindPools(ddr_pool, compressed_pool));
   memory_.ddr_pool = ddr_pool;
   memory_.compressed_pool = compressed_pool;
   return absl::OkStatus();
@@ -138,29 +186,33 @@ PagePool* TieredKvStore::PoolOf(Tier tier) const {
                              : nullptr;
 }
 
-float* TieredKvStore::PageFloats(uint32_t group, uint32_t page) const {
+uint8_t* TieredKvStore::PageBytes(uint32_t group, uint32_t page) const {
   const PageEntry& e = pages_[group][page];
-  if (e.tier == Tier::kT0) return reinterpret_cast<float*>(e.t0);
-  if (e.tier == Tier::kT1) return reinterpret_cast<float*>(memory_.ddr_pool->base() + e.slot);
+  if (e.tier == Tier::kT0) return e.t0;
+  if (e.tier == Tier::kT1) return memory_.ddr_pool->base() + e.slot;
   return nullptr;
 }
 
 absl::Status TieredKvStore::EnsurePages(uint32_t group, uint64_t pages) {
   std::vector<PageEntry>& entries = pages_[group];
   const size_t before = entries.size();
-  while (entries.size() < pages) {
-    auto block = memory_.arena->Allocate(geometry_.PageBytes(group));
+  absl::Status s;
+  while (s.ok() && entries.size() < pages) {
+    absl::StatusOr<uint8_t*> block = AllocateBlock(geometry_.PageBytes(group));
     if (!block.ok()) {
-      for (size_t i = before; i < entries.size(); ++i) {
-        memory_.arena->Free(entries[i].t0, geometry_.PageBytes(group));
-      }
-      entries.resize(before);
-      return block.status();
+      s = block.status();
+      break;
     }
-    std::memset(*block, 0, geometry_.PageBytes(group));  // unwritten rows read as zeros
     entries.push_back(PageEntry{.tier = Tier::kT0, .t0 = *block});
+    s = backend_->ClearBlock(*block, geometry_.PageBytes(group));  // unwritten rows read as 0
   }
-  return absl::OkStatus();
+  if (!s.ok()) {
+    for (size_t i = before; i < entries.size(); ++i) {
+      FreeBlock(entries[i].t0, geometry_.PageBytes(group));
+    }
+    entries.resize(before);
+  }
+  return s;
 }
 
 absl::Status TieredKvStore::Append(uint32_t layer, const float* k, const float* v, uint32_t n) {
@@ -176,22 +228,27 @@ absl::Status TieredKvStore::Append(uint32_t layer, const float* k, const float* 
   const uint64_t end_pages = geometry_.NumPages(uint64_t{begin} + n);
   for (uint64_t p = first_page; p < std::min<uint64_t>(end_pages, pages_[group].size()); ++p) {
     const Tier t = pages_[group][p].tier;
-    if (t == Tier::kT2 || t == Tier::kT3) {
+    const bool writable = t == Tier::kT0 || (t == Tier::kT1 && backend_->host_t0());
+    if (!writable) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "page ", p, " of group ", group, " is in ", TierStr(t), "; appends need it in T0 or T1"));
+          "page ", p, " of group ", group, " is in ", TierStr(t), "; appends need it in ",
+          backend_->host_t0() ? "T0 or T1" : "T0 on this backend"));
     }
   }
   RETURN_IF_ERROR(EnsurePages(group, end_pages));
   const uint32_t pt = geometry_.page_tokens;
-  const uint64_t layer_off = uint64_t{layer - geometry_.GroupBegin(group)} * 2 * pt * row_floats_;
-  for (uint32_t i = 0; i < n; ++i) {
+  const uint64_t layer_off = layout_.LayerOffsetFloats(layer - geometry_.GroupBegin(group));
+  // One write per page touched: rows of one page are contiguous in its K and its V block.
+  for (uint32_t i = 0; i < n;) {
     const uint32_t pos = begin + i;
+    const uint32_t rows = std::min(n - i, pt - pos % pt);
     PageEntry& entry = pages_[group][pos / pt];
-    float* base = PageFloats(group, pos / pt) + layer_off;
-    std::memcpy(base + uint64_t{pos % pt} * row_floats_, k + i * row_floats_, row_floats_ * 4);
-    std::memcpy(base + (uint64_t{pt} + pos % pt) * row_floats_, v + i * row_floats_,
-                row_floats_ * 4);
-    ++entry.version;
+    float* base = reinterpret_cast<float*>(PageBytes(group, pos / pt)) + layer_off;
+    RETURN_IF_ERROR(backend_->WriteRows(
+        base + uint64_t{pos % pt} * row_floats_, base + (uint64_t{pt} + pos % pt) * row_floats_,
+        k + i * row_floats_, v + i * row_floats_, rows, row_floats_));
+    entry.version += rows;
+    i += rows;
   }
   lengths_[layer] = begin + n;
   if (keep_mask_) {
@@ -219,84 +276,6 @@ absl::Status TieredKvStore::SetKeep(uint32_t layer, uint32_t kv_head, uint32_t p
   return absl::OkStatus();
 }
 
-uint64_t TieredKvStore::CompressedBlockOffset(uint32_t group, uint32_t layer_in_group,
-                                              codecs::TensorRole role) const {
-  const uint64_t kb = ReservedBlockBytes(*codec_, geometry_, codecs::TensorRole::kKey);
-  const uint64_t vb = ReservedBlockBytes(*codec_, geometry_, codecs::TensorRole::kValue);
-  return uint64_t{layer_in_group} * (kb + vb) + (role == codecs::TensorRole::kKey ? 0 : kb);
-}
-
-void TieredKvStore::EncodePage(uint32_t group, const float* src, uint32_t rows,
-                               uint8_t* dst) const {
-  const uint32_t cols = static_cast<uint32_t>(row_floats_);
-  const uint64_t block = uint64_t{geometry_.page_tokens} * row_floats_;
-  for (uint32_t l = 0; l < geometry_.LayersInGroup(group); ++l) {
-    const float* layer_src = src + 2 * block * l;
-    codec_->encode(codecs::TensorRole::kKey, layer_src, rows, cols,
-                   dst + CompressedBlockOffset(group, l, codecs::TensorRole::kKey));
-    codec_->encode(codecs::TensorRole::kValue, layer_src + block, rows, cols,
-                   dst + CompressedBlockOffset(group, l, codecs::TensorRole::kValue));
-  }
-}
-
-void TieredKvStore::DecodeLayer(uint32_t group, uint32_t l, const uint8_t* src, uint32_t rows,
-                                float* dst) const {
-  const uint32_t cols = static_cast<uint32_t>(row_floats_);
-  const uint64_t block = uint64_t{geometry_.page_tokens} * row_floats_;
-  float* layer_dst = dst + 2 * block * l;
-  // Rows past `rows` were never written: keep them zero like a fresh T0 page.
-  std::fill(layer_dst, layer_dst + 2 * block, 0.f);
-  codec_->decode(codecs::TensorRole::kKey,
-                 src + CompressedBlockOffset(group, l, codecs::TensorRole::kKey), rows, cols,
-                 layer_dst);
-  codec_->decode(codecs::TensorRole::kValue,
-                 src + CompressedBlockOffset(group, l, codecs::TensorRole::kValue), rows, cols,
-                 layer_dst + block);
-}
-
-void TieredKvStore::DecodePage(uint32_t group, const uint8_t* src, uint32_t rows,
-                               float* dst) const {
-  for (uint32_t l = 0; l < geometry_.LayersInGroup(group); ++l) {
-    DecodeLayer(group, l, src, rows, dst);
-  }
-}
-
-const float* TieredKvStore::StagedLayer(uint32_t group, uint32_t page, uint32_t layer) {
-  const PageEntry& e = pages_[group][page];
-  Staged& s = staged_[PageKey(group, page)];
-  if (s.data.empty() || s.version != e.version) {
-    s.data.assign(PageFloatsCount(group), 0.f);
-    s.layer_ready.assign(geometry_.LayersInGroup(group), 0);
-    s.version = e.version;
-  }
-  s.last_use = ++use_clock_;
-  const uint32_t l = layer - geometry_.GroupBegin(group);
-  if (s.layer_ready[l]) {
-    ++stats_.t2_layers_reused;
-  } else {
-    DecodeLayer(group, l, memory_.compressed_pool->base() + e.slot, e.compressed_rows,
-                s.data.data());
-    s.layer_ready[l] = 1;
-    ++stats_.t2_layers_dequantized;
-  }
-  return s.data.data();
-}
-
-void TieredKvStore::TrimStaging() {
-  if (max_staged_pages_ == 0) return;
-  while (staged_.size() > max_staged_pages_) {
-    auto oldest = staged_.begin();
-    for (auto it = staged_.begin(); it != staged_.end(); ++it) {
-      if (it->second.last_use < oldest->second.last_use) oldest = it;
-    }
-    staged_.erase(oldest);
-  }
-}
-
-void TieredKvStore::DropStaged(uint32_t group, uint32_t page) {
-  staged_.erase(PageKey(group, page));
-}
-
 absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                                    float* position_mass) {
   if (layer >= geometry_.num_layers) {
@@ -311,54 +290,49 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
   if (q == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("q and out must not be null");
   }
+  if (position_mass != nullptr && backend_->device_scores()) {
+    return absl::InvalidArgumentError(
+        "position_mass must be null on this backend: it accumulates the scores itself");
+  }
   const auto start = std::chrono::steady_clock::now();
   const uint32_t group = geometry_.GroupOfLayer(layer);
-  const uint32_t pt = geometry_.page_tokens;
-  const uint64_t layer_off = uint64_t{layer - geometry_.GroupBegin(group)} * 2 * pt * row_floats_;
-  k_rows_.resize(length);
-  v_rows_.resize(length);
-  for (uint32_t page = 0; page * uint64_t{pt} < length; ++page) {
-    const Tier tier = pages_[group][page].tier;
-    const float* base = tier == Tier::kT3   ? nullptr
-                        : tier == Tier::kT2 ? StagedLayer(group, page, layer)
-                                            : PageFloats(group, page);
-    const uint32_t end = std::min<uint32_t>(length, (page + 1) * pt);
-    for (uint32_t pos = page * pt; pos < end; ++pos) {
-      const bool live = base != nullptr;
-      k_rows_[pos] = live ? base + layer_off + uint64_t{pos % pt} * row_floats_ : nullptr;
-      v_rows_[pos] = live ? base + layer_off + uint64_t{pt + pos % pt} * row_floats_ : nullptr;
-    }
-  }
-  std::vector<const uint8_t*> keep;
   if (keep_mask_) {
+    keep_rows_.clear();
     for (uint32_t h = 0; h < geometry_.num_kv_heads; ++h) {
-      keep.push_back(keep_[size_t{layer} * geometry_.num_kv_heads + h].data());
+      keep_rows_.push_back(keep_[size_t{layer} * geometry_.num_kv_heads + h].data());
     }
   }
-  scratch_.resize(kernels::AttentionScratchFloats(num_q_heads_, length));
-  kernels::AttentionParams p;
-  p.q = q;
-  p.out = out;
-  p.position_mass = position_mass;
-  p.k_rows = k_rows_.data();
-  p.v_rows = v_rows_.data();
-  p.keep = keep_mask_ ? keep.data() : nullptr;
-  p.length = length;
-  p.num_queries = n;
-  p.num_q_heads = num_q_heads_;
-  p.num_kv_heads = geometry_.num_kv_heads;
-  p.head_dim = geometry_.head_dim;
-  p.scale = scale_;
-  p.scratch = scratch_.data();
-  p.runner = runner_;
-  if (n == 1 && SplitsAt(group, length)) {
-    AttendSplit(p, group);
-  } else {
-    kernels::Attention(p, isa_);
+  AttendCall call;
+  call.layer = layer;
+  call.group = group;
+  call.q = q;
+  call.n = n;
+  call.out = out;
+  call.position_mass = position_mass;
+  call.length = length;
+  call.pages = pages_[group].data();
+  if (!in_place_.empty()) {
+    call.in_place = in_place_[group].data();
+    call.in_place_pages = static_cast<uint32_t>(in_place_[group].size());
   }
-  TrimStaging();
+  call.split = n == 1 && SplitsAt(group, length);
+  call.keep = keep_mask_ ? keep_rows_.data() : nullptr;
+  call.ddr_base = memory_.ddr_pool != nullptr ? memory_.ddr_pool->base() : nullptr;
+  call.compressed_base =
+      memory_.compressed_pool != nullptr ? memory_.compressed_pool->base() : nullptr;
+  RETURN_IF_ERROR(backend_->Attend(call, stats_));
   stats_.attend_nanos += NanosSince(start);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> TieredKvStore::TakeDeviceScores() {
+  if (!backend_->device_scores()) {
+    return absl::FailedPreconditionError(
+        "this backend keeps no scores: they come through Attend's position_mass");
+  }
+  std::vector<std::vector<float>> scores(geometry_.layer_groups);
+  RETURN_IF_ERROR(backend_->TakeScores(Length(0), &scores));
+  return scores;
 }
 
 Tier TieredKvStore::TierOf(uint32_t group, uint32_t page) const { return pages_[group][page].tier; }
@@ -404,12 +378,9 @@ absl::Status TieredKvStore::ReadPage(uint32_t group, uint32_t page, float* dst) 
     return absl::FailedPreconditionError(
         absl::StrCat("page ", page, " of group ", group, " is evicted"));
   }
-  if (e.tier == Tier::kT2) {
-    DecodePage(group, memory_.compressed_pool->base() + e.slot, e.compressed_rows, dst);
-  } else {
-    std::memcpy(dst, PageFloats(group, page), geometry_.PageBytes(group));
-  }
-  return absl::OkStatus();
+  return backend_->ReadPage(
+      e, group, memory_.ddr_pool != nullptr ? memory_.ddr_pool->base() : nullptr,
+      memory_.compressed_pool != nullptr ? memory_.compressed_pool->base() : nullptr, dst);
 }
 
 }  // namespace kvtier::worker

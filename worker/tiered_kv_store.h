@@ -10,9 +10,15 @@
 // layer, the codec's encoding of K then V, each block reserved for page_tokens rows and 16-byte
 // aligned (CompressedSlotBytes).
 //
-// Zero-error property: attention reads T0 and T1 pages in place (CPU backend) through the same
-// kernel in position order, so with no T2/T3 page the output and position_mass are
-// bit-identical whatever the T0/T1 split.
+// Zero-error property: attention reads T0 and T1 pages (in place on the host backend, staged on
+// a device) through the same kernel in position order, so with no T2/T3 page the output and
+// position_mass are bit-identical whatever the T0/T1 split.
+//
+// Every decision lives here, for every backend: validation, plan order, slot bookkeeping,
+// versions, stats, in-place lists and released slots. The backend (worker/kv_backend.h) only
+// moves bytes and runs kernels. Its copies may land after the call that issued them: a T0 block
+// a copy reads returns to the arena, and a source slot is reported released, only after that
+// copy completed (FencedReleases).
 
 #include <cstdint>
 #include <memory>
@@ -28,13 +34,14 @@
 #include "worker/attention_cache.h"
 #include "worker/codecs/codec.h"
 #include "worker/device_arena.h"
-#include "worker/kernels/attention_cpu.h"
+#include "worker/fenced_releases.h"
+#include "worker/kv_backend.h"
 #include "worker/page_pool.h"
 
 namespace kvtier::worker {
 
 struct TieredKvStoreOptions {
-  // element_bytes must be 4 (f32, CPU backend).
+  // element_bytes must be 4 (f32, on every backend).
   layout::KvGeometry geometry;
   uint32_t num_q_heads = 0;         // multiple of geometry.num_kv_heads
   float scale = 0.f;                // 0 = 1/sqrt(head_dim)
@@ -50,7 +57,7 @@ struct TieredKvStoreOptions {
 
 // Where the store's tiers live. Not owned; must outlive the store.
 struct StoreMemory {
-  DeviceArena* arena = nullptr;         // T0, required, host-accessible on the CPU backend
+  DeviceArena* arena = nullptr;         // T0, required; host-accessible iff the backend's host_t0
   PagePool* ddr_pool = nullptr;         // T1; null = moves to T1 are rejected
   PagePool* compressed_pool = nullptr;  // T2; null = moves to T2 are rejected
 };
@@ -60,14 +67,6 @@ struct StoreMemory {
 struct SlotAssignment {
   uint64_t dst_offset = 0;
   friend bool operator==(const SlotAssignment&, const SlotAssignment&) = default;
-};
-
-// A pool slot the store no longer uses. The daemon frees it after the plan is acknowledged
-// (two-phase); in local mode the caller gives it back to its SlotSource.
-struct ReleasedSlot {
-  PoolKind kind;
-  uint64_t offset;
-  friend bool operator==(const ReleasedSlot&, const ReleasedSlot&) = default;
 };
 
 // Cumulative counters of one store.
@@ -85,6 +84,8 @@ struct StoreStats {
   uint64_t split_attends = 0;          // Attend calls merged from two partials
 };
 
+// The scale attention uses: options.scale, or 1/sqrt(head_dim) when it is 0.
+float AttentionScale(const TieredKvStoreOptions& options);
 // Full-precision slot bytes of group g (what the worker tells the daemon for T1).
 uint64_t DdrSlotBytes(const layout::KvGeometry& geometry, uint32_t group);
 // Compressed slot bytes of group g under `codec` (T2).
@@ -95,34 +96,48 @@ uint64_t CompressedSlotBytes(const codecs::Codec& codec, const layout::KvGeometr
 // pools (those are thread-safe), and each store only touches slots it was granted.
 class TieredKvStore final : public AttentionCache {
  public:
-  // INVALID_ARGUMENT naming the field for a bad geometry / head count / codec / memory.
+  // Over the host backend. INVALID_ARGUMENT naming the field for a bad geometry / head count /
+  // codec / memory.
   static absl::StatusOr<std::unique_ptr<TieredKvStore>> Create(const TieredKvStoreOptions& options,
                                                                const StoreMemory& memory);
-  // Frees the store's T0 blocks. Pool slots are NOT freed: see HeldSlots.
+  // Over `backend` (built for the same options). INVALID_ARGUMENT also when the arena's host
+  // accessibility differs from the backend's, or for keep_mask on a device backend.
+  static absl::StatusOr<std::unique_ptr<TieredKvStore>> Create(const TieredKvStoreOptions& options,
+                                                               const StoreMemory& memory,
+                                                               std::unique_ptr<KvBackend> backend);
+  // Waits for the backend's copies, then frees the store's T0 blocks. Pool slots are NOT freed:
+  // see HeldSlots.
   ~TieredKvStore() override;
   TieredKvStore(const TieredKvStore&) = delete;
   TieredKvStore& operator=(const TieredKvStore&) = delete;
 
   // --- AttentionCache. New pages are allocated in T0 (RESOURCE_EXHAUSTED when the arena is
-  // full). Appending into a T1 page writes its slot in place; a T2 or T3 page cannot grow
-  // (FAILED_PRECONDITION). On error nothing is stored.
+  // full). Appending into a T1 page writes its slot in place (host backend only: on a device
+  // the page being written stays in T0); a T2 or T3 page cannot grow (FAILED_PRECONDITION). On
+  // error nothing is stored. Pointers are the backend's: host memory on the host backend,
+  // device memory on a device. On a backend with device_scores, position_mass must be null
+  // (the backend accumulates the cumulative score: TakeScores).
   uint32_t Length(uint32_t layer) const override;
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
-  void SetTaskRunner(kernels::TaskRunner* runner) override { runner_ = runner; }
+  void SetTaskRunner(kernels::TaskRunner* runner) override { backend_->SetTaskRunner(runner); }
 
   // --- Plans. Applies `moves` in order; slots[i] is the destination of moves[i]. The whole plan
   // is validated before any data moves; on error nothing changed. INVALID_ARGUMENT naming the
   // field for: slots.size() != moves.size(), unknown group/page, duplicate page, `from` not the
   // page's tier, from == to, a T3 source, a destination tier without a pool, a slot offset
   // misaligned, out of the pool or overlapping a slot in use or another destination, moving the
-  // partial page being written to T2/T3. FAILED_PRECONDITION when layers differ in length (plans
-  // apply between forward passes). RESOURCE_EXHAUSTED when promotions would overflow the arena
-  // at any point of the plan's order. `released` (optional) receives the source slots no
-  // longer used. Only if an arena shared with other sequences fills up between validation and
-  // a promotion does a plan stop part-way (RESOURCE_EXHAUSTED naming the move): the moves
-  // before it are applied, every page still has exactly one valid copy.
+  // partial page being written to T2/T3 (on a device backend: out of T0 at all).
+  // FAILED_PRECONDITION when layers differ in length (plans apply between forward passes).
+  // RESOURCE_EXHAUSTED when promotions would overflow the arena at any point of the plan's
+  // order. Nothing is issued to the backend before the whole plan passed. ApplyPlan returns
+  // only once the copies reading the source slots it gives up have landed (the daemon may hand
+  // them out as soon as it has the ack); `released` (optional) receives those slots. T0 blocks
+  // given up are recycled when their copies complete, without a wait. Only if an arena shared with
+  // other sequences fills up between validation and a promotion does a plan stop part-way
+  // (RESOURCE_EXHAUSTED naming the move): the moves before it are applied, every page still has
+  // exactly one valid copy.
   absl::Status ApplyPlan(const std::vector<tiering::Move>& moves,
                          const std::vector<SlotAssignment>& slots,
                          std::vector<ReleasedSlot>* released = nullptr);
@@ -156,46 +171,34 @@ class TieredKvStore final : public AttentionCache {
   uint64_t SlotBytes(PoolKind kind, uint32_t group) const;
   // Slots this store holds now (T1 and T2 pages): what CloseSequence must free.
   std::vector<ReleasedSlot> HeldSlots() const;
-  // Full-precision view of a page (dequantized for T2): DdrSlotBytes/4 floats into dst.
-  // FAILED_PRECONDITION for an evicted page, INVALID_ARGUMENT for an unknown one.
+  // Full-precision view of a page (dequantized for T2): DdrSlotBytes/4 floats into dst (host
+  // memory, on every backend). FAILED_PRECONDITION for an evicted page, INVALID_ARGUMENT for an
+  // unknown one.
   absl::Status ReadPage(uint32_t group, uint32_t page, float* dst) const;
   const StoreStats& stats() const { return stats_; }
+  const KvBackend& backend() const { return *backend_; }
+  // device_scores backends: the score each position of each group gained since the last call
+  // ([group][position < Length(0)]); the device copy restarts from zero. FAILED_PRECONDITION
+  // on a backend that keeps none (the host: scores come through Attend's position_mass).
+  absl::StatusOr<std::vector<std::vector<float>>> TakeDeviceScores();
 
   // Per-head mask (options.keep_mask): position of `layer`'s `kv_head` kept or masked.
   absl::Status SetKeep(uint32_t layer, uint32_t kv_head, uint32_t position, bool keep);
 
  private:
-  struct PageEntry {
-    tiering::Tier tier = tiering::Tier::kT0;
-    uint8_t* t0 = nullptr;  // T0 block
-    uint64_t slot = 0;      // T1 / T2 slot offset
-    uint32_t compressed_rows = 0;
-    bool lossy = false;
-    uint64_t version = 0;  // bumps on every change of the page's bytes or place
-  };
-  struct Staged {
-    uint64_t version = 0;
-    uint64_t last_use = 0;
-    std::vector<float> data;           // the page, full precision
-    std::vector<uint8_t> layer_ready;  // per layer of the group
-  };
+  using PageEntry = StoredPage;
 
   TieredKvStore(const TieredKvStoreOptions& options, const StoreMemory& memory,
-                const codecs::Codec* codec);
+                const codecs::Codec* codec, std::unique_ptr<KvBackend> backend);
 
-  // Full-precision bytes of a T0/T1 page, or null.
-  float* PageFloats(uint32_t group, uint32_t page) const;
-  uint64_t PageFloatsCount(uint32_t group) const { return geometry_.PageBytes(group) / 4; }
-  uint64_t CompressedBlockOffset(uint32_t group, uint32_t layer_in_group,
-                                 codecs::TensorRole role) const;
-  void EncodePage(uint32_t group, const float* src, uint32_t rows, uint8_t* dst) const;
-  void DecodePage(uint32_t group, const uint8_t* src, uint32_t rows, float* dst) const;
-  void DecodeLayer(uint32_t group, uint32_t layer_in_group, const uint8_t* src, uint32_t rows,
-                   float* dst) const;
+  // Full-precision bytes of a T0/T1 page (backend memory for T0, host memory for T1), or null.
+  uint8_t* PageBytes(uint32_t group, uint32_t page) const;
   absl::Status EnsurePages(uint32_t group, uint64_t pages);
-  const float* StagedLayer(uint32_t group, uint32_t page, uint32_t layer);
-  void TrimStaging();
-  void DropStaged(uint32_t group, uint32_t page);
+  // A T0 block: recycles fenced blocks whose copies completed first, and waits for the rest
+  // before giving up on a full arena.
+  absl::StatusOr<uint8_t*> AllocateBlock(uint64_t bytes);
+  void FreeBlock(uint8_t* block, uint64_t bytes) { memory_.arena->Free(block, bytes); }
+  void PollFence();
   absl::Status ValidatePlan(const std::vector<tiering::Move>& moves,
                             const std::vector<SlotAssignment>& slots) const;
   // Source tier, destination tier and pool checks of moves[i].
@@ -212,35 +215,24 @@ class TieredKvStore final : public AttentionCache {
   bool InPlaceNow(uint32_t group, uint32_t page) const;
   // The layer's decode-step positions have a live in-place page (split attention applies).
   bool SplitsAt(uint32_t group, uint32_t length) const;
-  // Attention as two partials (pages in place, the rest) merged by log-sum-exp; `p` is the
-  // unsplit call, its rows in k_rows_/v_rows_.
-  void AttendSplit(const kernels::AttentionParams& p, uint32_t group);
 
   layout::KvGeometry geometry_;
-  uint32_t num_q_heads_;
-  float scale_;
   bool keep_mask_;
-  uint32_t max_staged_pages_;
-  kernels::Isa isa_;
-  kernels::TaskRunner* runner_ = nullptr;  // not owned
   StoreMemory memory_;
   const codecs::Codec* codec_;
-  uint64_t row_floats_;                           // num_kv_heads * head_dim
-  std::vector<uint32_t> lengths_;                 // per layer
-  std::vector<std::vector<PageEntry>> pages_;     // [group][page]
-  std::vector<std::vector<uint8_t>> keep_;        // [layer * kv_heads + h][position]
-  absl::flat_hash_map<uint64_t, Staged> staged_;  // key: group << 32 | page
+  KvLayout layout_;
+  std::unique_ptr<KvBackend> backend_;
+  FencedReleases fence_;
+  uint64_t row_floats_;                        // num_kv_heads * head_dim
+  std::vector<uint32_t> lengths_;              // per layer
+  std::vector<std::vector<PageEntry>> pages_;  // [group][page]
+  std::vector<std::vector<uint8_t>> keep_;     // [layer * kv_heads + h][position]
   // Slots held now, per pool (0 = DDR, 1 = compressed): offset -> end. Kept in step with the
   // page table so validating a plan's destinations costs O(moves log pages).
   absl::btree_map<uint64_t, uint64_t> held_[2];
-  uint64_t use_clock_ = 0;
-  // Per-Attend buffers, kept to avoid reallocation.
-  std::vector<const float*> k_rows_, v_rows_;
-  std::vector<float> scratch_;
-  // Split attention: [group][page] 1 = in place (empty = none), and per-Attend buffers.
+  // Split attention: [group][page] 1 = in place (empty = none).
   std::vector<std::vector<uint8_t>> in_place_;
-  std::vector<const float*> split_k_[2], split_v_[2];
-  std::vector<float> part_out_[2], part_lse_[2], part_mass_[2];
+  std::vector<const uint8_t*> keep_rows_;  // per-Attend, kept to avoid reallocation
   StoreStats stats_;
 };
 

@@ -8,7 +8,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
-#include "worker/kernels/copy_cpu.h"
 #include "worker/tiered_kv_store.h"
 
 namespace kvtier::worker {
@@ -51,10 +50,18 @@ absl::Status TieredKvStore::ValidateMoveTiers(const Move& m, size_t i, uint32_t 
     return absl::InvalidArgumentError(
         absl::StrCat(at(), ".to (", TierStr(m.to), "): the store has no pool for that tier"));
   }
-  if ((m.to == Tier::kT2 || m.to == Tier::kT3) && partial_tail && m.page + 1 == pages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(at(), ".to (", TierStr(m.to), "): ", PageName(m),
-                     " is the partial page being written; it may only move between T0 and T1"));
+  if (partial_tail && m.page + 1 == pages) {
+    // The page being written: appends reach T0 and, on the host backend only, T1 in place.
+    if (!backend_->host_t0()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at(), ".to (", TierStr(m.to), "): ", PageName(m),
+                       " is the partial page being written; on this backend it stays in T0"));
+    }
+    if (m.to == Tier::kT2 || m.to == Tier::kT3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at(), ".to (", TierStr(m.to), "): ", PageName(m),
+                       " is the partial page being written; it may only move between T0 and T1"));
+    }
   }
   return absl::OkStatus();
 }
@@ -76,7 +83,9 @@ absl::Status TieredKvStore::ValidatePlan(const std::vector<Move>& moves,
   const bool partial_tail = lengths_[0] % geometry_.page_tokens != 0;
   absl::flat_hash_map<uint64_t, size_t> seen;
   seen.reserve(moves.size());
-  int64_t arena_used = static_cast<int64_t>(memory_.arena->used_bytes());
+  // Blocks held for copies in flight come back before a promotion needs them (AllocateBlock).
+  int64_t arena_used =
+      static_cast<int64_t>(memory_.arena->used_bytes() - fence_.held_block_bytes());
   const int64_t arena_capacity = static_cast<int64_t>(memory_.arena->capacity_bytes());
   for (size_t i = 0; i < moves.size(); ++i) {
     const Move& m = moves[i];
@@ -170,39 +179,50 @@ absl::Status TieredKvStore::ExecuteMove(const Move& m, const SlotAssignment& slo
   // capacity, but an arena shared with other sequences may have filled up meanwhile.
   uint8_t* new_t0 = nullptr;
   if (m.to == Tier::kT0) {
-    ASSIGN_OR_RETURN(new_t0, memory_.arena->Allocate(page_bytes));
+    ASSIGN_OR_RETURN(new_t0, AllocateBlock(page_bytes));
   }
   // 1. Write the destination from the source's current bytes.
   uint8_t* dst = m.to == Tier::kT0   ? new_t0
                  : m.to == Tier::kT3 ? nullptr
                                      : PoolOf(m.to)->base() + slot.dst_offset;
   const uint32_t rows = ValidRows(m.group, m.page);
+  absl::Status copied;
   if (m.to == Tier::kT2) {
-    const float* src = PageFloats(m.group, m.page);
-    EncodePage(m.group, src, rows, dst);
+    copied = backend_->EncodePage(m.from, PageBytes(m.group, m.page), m.group, rows, dst);
     written = CompressedSlotBytes(*codec_, geometry_, m.group);
-    e.compressed_rows = rows;
-    e.lossy = true;
   } else if (dst != nullptr) {
-    if (m.from == Tier::kT2) {
-      DecodePage(m.group, memory_.compressed_pool->base() + e.slot, e.compressed_rows,
-                 reinterpret_cast<float*>(dst));
-    } else {
-      kernels::CopyPage(dst, PageFloats(m.group, m.page), page_bytes);
-    }
+    copied = m.from == Tier::kT2
+                 ? backend_->DecodePage(memory_.compressed_pool->base() + e.slot, m.group,
+                                        e.compressed_rows, m.to, dst)
+                 : backend_->CopyPage(m.from, PageBytes(m.group, m.page), m.to, dst, page_bytes);
     written = page_bytes;
   }
-  // 2. Release the source.
+  if (!copied.ok()) {
+    if (new_t0 != nullptr) FreeBlock(new_t0, page_bytes);
+    return copied;
+  }
+  if (m.to == Tier::kT2) {
+    e.compressed_rows = rows;
+    e.lossy = true;
+  }
+  // 2. Release the source once the copy that reads it has landed.
+  const CopyToken token = backend_->LastToken();
   if (m.from == Tier::kT0) {
-    memory_.arena->Free(e.t0, page_bytes);
+    fence_.HoldBlock(token, e.t0, page_bytes,
+                     [this](uint8_t* block, uint64_t bytes) { FreeBlock(block, bytes); });
     e.t0 = nullptr;
   } else {
     held_[m.from == Tier::kT1 ? 0 : 1].erase(e.slot);
-    if (released != nullptr) {
-      released->push_back({m.from == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, e.slot});
+    const ReleasedSlot source{m.from == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, e.slot};
+    // Held even when the caller does not collect `released`: the daemon frees the slot once it
+    // has the ack, which goes out when ApplyPlan returns.
+    if (token != kNoCopyPending) {
+      fence_.HoldSlot(token, source);
+    } else if (released != nullptr) {
+      released->push_back(source);
     }
   }
-  if (m.from == Tier::kT2) DropStaged(m.group, m.page);
+  if (m.from == Tier::kT2) backend_->Forget(m.group, m.page);
   // 3. Point the page table at the new copy.
   e.tier = m.to;
   e.t0 = new_t0;
@@ -227,14 +247,28 @@ absl::Status TieredKvStore::ApplyPlan(const std::vector<Move>& moves,
     return s;
   }
   const auto start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < moves.size(); ++i) {
-    if (absl::Status s = ExecuteMove(moves[i], slots[i], released); !s.ok()) {
-      // Moves before i are applied and the page table is consistent; this one and the rest
-      // are not. `released` lists the slots already freed by moves [0, i).
-      return absl::Status(s.code(), absl::StrCat("moves[", i, "]: ", s.message(), "; moves [0, ", i,
-                                                 ") applied, the rest not"));
-    }
+  absl::Status s;
+  size_t failed = moves.size();
+  for (size_t i = 0; s.ok() && i < moves.size(); ++i) {
+    s = ExecuteMove(moves[i], slots[i], released);
+    if (!s.ok()) failed = i;
   }
+  // Source slots are reported only once the copies reading them have landed: the daemon may
+  // hand them to someone else as soon as it has the ack.
+  if (fence_.held_slots() > 0) {
+    absl::Status waited = backend_->Wait(fence_.SlotsToken());
+    if (s.ok()) s = waited;
+    PollFence();
+    std::vector<ReleasedSlot> landed = fence_.TakeLandedSlots();
+    if (released != nullptr) released->insert(released->end(), landed.begin(), landed.end());
+  }
+  if (!s.ok() && failed < moves.size()) {
+    // Moves before the failed one are applied and the page table is consistent; it and the
+    // rest are not. `released` lists the slots already freed by the applied moves.
+    return absl::Status(s.code(), absl::StrCat("moves[", failed, "]: ", s.message(), "; moves [0, ",
+                                               failed, ") applied, the rest not"));
+  }
+  RETURN_IF_ERROR(s);
   stats_.apply_nanos +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();

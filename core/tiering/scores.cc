@@ -77,6 +77,33 @@ absl::Status ScoreAccumulator::Add(absl::Span<const float> attention, uint64_t l
   return absl::OkStatus();
 }
 
+absl::Status ScoreAccumulator::AddScores(uint32_t group, absl::Span<const float> gained) {
+  if (group >= layer_groups_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group must be below layer_groups = ", layer_groups_, ", got ", group));
+  }
+  if (gained.size() < length_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gained has ", gained.size(), " positions; the sequence has ", length_));
+  }
+  length_ = gained.size();
+  for (uint32_t g = 0; g < layer_groups_; ++g) {
+    scores_[g].resize(length_, 0.0f);
+    frozen_[g].resize(length_, 0);
+  }
+  std::vector<float>& s = scores_[group];
+  for (uint64_t i = 0; i < gained.size(); ++i) {
+    if (frozen_[group][i] || !std::isfinite(gained[i])) continue;
+    s[i] += gained[i];
+  }
+  return absl::OkStatus();
+}
+
+void AccumulateDeviceMass(absl::Span<const float> mass, float weight, absl::Span<float> acc) {
+  const size_t n = std::min(mass.size(), acc.size());
+  for (size_t i = 0; i < n; ++i) acc[i] += mass[i] * weight;
+}
+
 absl::Status ScoreAccumulator::Freeze(uint32_t group, Range positions) {
   if (group >= layer_groups_) {
     return absl::InvalidArgumentError(

@@ -46,6 +46,12 @@ class ScoreAccumulator {
   absl::Status SeedPrefill(absl::Span<const float> column_sums, uint64_t length,
                            AttentionLayout layout = AttentionLayout::kPerHead);
 
+  // Adds scores a device accumulated itself (AccumulateDeviceMass, read once per re-tiering):
+  // gained[i] to position i of group g, except frozen positions and non-finite values; the
+  // sequence grows to gained.size(). INVALID_ARGUMENT naming the field for a group out of range
+  // or a shrinking length; nothing changes then.
+  absl::Status AddScores(uint32_t group, absl::Span<const float> gained);
+
   // Freezes positions (evicted): their scores never change again. Clipped to length().
   // INVALID_ARGUMENT for a group out of range.
   absl::Status Freeze(uint32_t group, Range positions);
@@ -90,6 +96,17 @@ class ScoreAccumulator {
   std::vector<double> step_sum_;
   std::vector<uint32_t> step_count_;
 };
+
+// The device backend's score rule, as its kernel runs it (this is the CPU reference): one
+// layer's attention, summed over query heads (and over queries for a prefill), adds
+// mass[i] * weight to acc[i] in f32, with weight = 1 / (num_heads × layers of the group) — the
+// paper's mean over heads and over layers, accumulated layer by layer and step by step instead
+// of per step. Equal to ScoreAccumulator::AddStep up to f32 rounding when every layer's mass is
+// finite (the device does not skip non-finite layers; the kernel's softmax gives none).
+void AccumulateDeviceMass(absl::Span<const float> mass, float weight, absl::Span<float> acc);
+inline float DeviceMassWeight(uint32_t num_heads, uint32_t layers_in_group) {
+  return 1.0f / (static_cast<float>(num_heads) * static_cast<float>(layers_in_group));
+}
 
 // Page scores from token scores: sum (or max) over each page's tokens; the last page may be
 // partial. Exposed for the evaluation and the tests.

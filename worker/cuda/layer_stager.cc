@@ -59,6 +59,7 @@ absl::Status LayerStager::Init() {
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&offloaded_, cudaEventDisableTiming));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&restored_, cudaEventDisableTiming));
   const uint64_t entries = options_.entries_per_slot;
   slots_.resize(options_.num_slots);
   for (Slot& slot : slots_) {
@@ -77,6 +78,9 @@ absl::Status LayerStager::Init() {
     KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&offload_codes_, n * options_.CompressedBlockBytes()));
     KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&offload_ptrs_dev_, 4 * n * sizeof(void*)));
     KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&offload_ptrs_host_, 4 * n * sizeof(void*)));
+    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&restore_codes_, n * options_.CompressedBlockBytes()));
+    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&restore_ptrs_dev_, 4 * n * sizeof(void*)));
+    KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&restore_ptrs_host_, 4 * n * sizeof(void*)));
   }
   return absl::OkStatus();
 }
@@ -95,6 +99,10 @@ LayerStager::~LayerStager() {
   cudaFree(offload_codes_);
   cudaFree(offload_ptrs_dev_);
   cudaFreeHost(offload_ptrs_host_);
+  cudaFree(restore_codes_);
+  cudaFree(restore_ptrs_dev_);
+  cudaFreeHost(restore_ptrs_host_);
+  if (restored_ != nullptr) cudaEventDestroy(restored_);
   if (produced_ != nullptr) cudaEventDestroy(produced_);
   if (offloaded_ != nullptr) cudaEventDestroy(offloaded_);
   if (h2d_ != nullptr) cudaStreamDestroy(h2d_);
@@ -190,6 +198,10 @@ absl::Status LayerStager::DequantizeInto(Slot& slot, const LayerStagePlan& plan)
   if (!s.ok()) return s;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.ptrs_dev, slot.ptrs_host, 4 * n * sizeof(void*),
                                               cudaMemcpyHostToDevice, h2d_));
+  return DequantizeOnH2d(slot.ptrs_dev, n);
+}
+
+absl::Status LayerStager::DequantizeOnH2d(void** ptrs_dev, uint32_t n) {
   kc::DequantizeParams p;
   p.num_tensors = n;
   p.rows = options_.page_tokens;
@@ -199,8 +211,8 @@ absl::Status LayerStager::DequantizeInto(Slot& slot, const LayerStagePlan& plan)
   for (kc::Role role : {kc::Role::kKey, kc::Role::kValue}) {
     const uint32_t k = role == kc::Role::kKey ? 0 : 1;
     p.role = role;
-    p.src = reinterpret_cast<const uint8_t* const*>(slot.ptrs_dev + k * n);
-    p.dst = slot.ptrs_dev + (2 + k) * n;
+    p.src = reinterpret_cast<const uint8_t* const*>(ptrs_dev + k * n);
+    p.dst = ptrs_dev + (2 + k) * n;
     KVTIER_CUDA_RETURN_IF_ERROR(kc::DequantizePages(p, h2d_));
   }
   return absl::OkStatus();
@@ -290,6 +302,72 @@ absl::Status LayerStager::OffloadCompressed(absl::Span<const OffloadOp> ops,
     if (!s.ok()) return s;
     d2h_bytes_ += cbb * n;
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(offloaded_, d2h_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerStager::Restore(absl::Span<const RestoreOp> ops, cudaStream_t consumer) {
+  if (ops.empty()) return absl::OkStatus();
+  const uint64_t block = options_.BlockBytes();
+  // A source may be host memory an offload is still writing.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, offloaded_, 0));
+  std::vector<CopyRun> full;
+  std::vector<RestoreOp> compressed;
+  for (const RestoreOp& op : ops) {
+    if (op.source == StageSource::kCompressed) {
+      compressed.push_back(op);
+      continue;
+    }
+    absl::Status s = t1_->EnsurePinned(op.src_offset, block);
+    if (!s.ok()) return s;
+    full.push_back({op.src_offset, reinterpret_cast<uint64_t>(op.dst), block});
+  }
+  // Device destinations are arbitrary pointers: offsets from null.
+  absl::Status s =
+      h2d_issuer_.Issue(CoalesceRuns(full, t1_->chunk_bytes()), t1_->base(), nullptr, h2d_);
+  if (!s.ok()) return s;
+  h2d_bytes_ += block * full.size();
+  s = RestoreCompressed(compressed);
+  if (!s.ok()) return s;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(restored_, h2d_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(consumer, restored_, 0));
+  return absl::OkStatus();
+}
+
+absl::Status LayerStager::RestoreCompressed(absl::Span<const RestoreOp> ops) {
+  if (ops.empty()) return absl::OkStatus();
+  if (t2_ == nullptr) return absl::FailedPreconditionError("the stager has no T2 pool");
+  const uint64_t cbb = options_.CompressedBlockBytes(), ckb = options_.CompressedKeyBytes();
+  const uint64_t block = options_.BlockBytes();
+  for (size_t begin = 0; begin < ops.size(); begin += options_.max_offload_batch) {
+    const uint32_t n =
+        static_cast<uint32_t>(std::min<size_t>(options_.max_offload_batch, ops.size() - begin));
+    std::vector<CopyRun> runs;
+    for (uint32_t i = 0; i < n; ++i) {
+      absl::Status s = t2_->EnsurePinned(ops[begin + i].src_offset, cbb);
+      if (!s.ok()) return s;
+      runs.push_back({ops[begin + i].src_offset, i * cbb, cbb});
+    }
+    // The scratch and the pinned pointer mirror are reused: wait for their previous use.
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(restored_));
+    for (uint32_t i = 0; i < n; ++i) {
+      uint8_t* codes = restore_codes_ + i * cbb;
+      uint8_t* out = ops[begin + i].dst;
+      restore_ptrs_host_[i] = codes;
+      restore_ptrs_host_[n + i] = codes + ckb;
+      restore_ptrs_host_[2 * n + i] = out;
+      restore_ptrs_host_[3 * n + i] = out + block / 2;
+    }
+    absl::Status s = h2d_issuer_.Issue(CoalesceRuns(runs, t2_->chunk_bytes()), t2_->base(),
+                                       restore_codes_, h2d_);
+    if (!s.ok()) return s;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(restore_ptrs_dev_, restore_ptrs_host_,
+                                                4 * n * sizeof(void*), cudaMemcpyHostToDevice,
+                                                h2d_));
+    s = DequantizeOnH2d(restore_ptrs_dev_, n);
+    if (!s.ok()) return s;
+    h2d_bytes_ += cbb * n;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(restored_, h2d_));
   }
   return absl::OkStatus();
 }

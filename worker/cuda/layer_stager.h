@@ -59,6 +59,14 @@ struct OffloadOp {
   uint64_t dst_offset = 0;       // pool offset of the destination slot
 };
 
+// A block brought back to the device for good (a promotion): from the T1 pool, or from the T2
+// pool as codes dequantized on the device.
+struct RestoreOp {
+  uint64_t src_offset = 0;  // pool offset of the block (full, or encoded K then V)
+  uint8_t* dst = nullptr;   // device block, BlockBytes()
+  StageSource source = StageSource::kFull;
+};
+
 // Not thread-safe: one decode loop drives it. The pools must outlive it.
 class LayerStager {
  public:
@@ -85,6 +93,9 @@ class LayerStager {
   absl::Status OffloadCompressed(absl::Span<const OffloadOp> ops, cudaStream_t producer);
   // Blocks the host until every offload issued so far has landed.
   absl::Status WaitOffloads();
+  // Copies (and dequantizes) `ops` on the host-to-device stream, after every offload issued so
+  // far (it may be writing a source); `consumer` waits for them before its later work.
+  absl::Status Restore(absl::Span<const RestoreOp> ops, cudaStream_t consumer);
 
   cudaStream_t h2d_stream() const { return h2d_; }
   cudaStream_t d2h_stream() const { return d2h_; }
@@ -109,6 +120,9 @@ class LayerStager {
   absl::Status Init();
   absl::Status EnsureSourcesPinned(absl::Span<const StageRequest> requests);
   absl::Status DequantizeInto(Slot& slot, const LayerStagePlan& plan);
+  absl::Status RestoreCompressed(absl::Span<const RestoreOp> ops);
+  // Dequantizes n blocks on the H2D stream; ptrs_dev = [K codes][V codes][K out][V out] x n.
+  absl::Status DequantizeOnH2d(void** ptrs_dev, uint32_t n);
 
   LayerStagerOptions options_;
   PinnedMapping* t1_;
@@ -123,6 +137,11 @@ class LayerStager {
   uint8_t* offload_codes_ = nullptr;
   void** offload_ptrs_dev_ = nullptr;
   void** offload_ptrs_host_ = nullptr;
+  // Compressed restore scratch, the same shapes, and the event of its last use.
+  uint8_t* restore_codes_ = nullptr;
+  void** restore_ptrs_dev_ = nullptr;
+  void** restore_ptrs_host_ = nullptr;
+  cudaEvent_t restored_ = nullptr;
   CopyIssuer h2d_issuer_;
   CopyIssuer d2h_issuer_;
   std::vector<CopyRun> runs_;

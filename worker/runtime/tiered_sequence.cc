@@ -70,6 +70,19 @@ absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, 
   if (layer >= layer_mass_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   }
+  if (store_->backend().device_scores()) {
+    // The store accumulates the score on the device; it is read at re-tiering.
+    if (position_mass != nullptr) {
+      return absl::InvalidArgumentError(
+          "position_mass must be null on this backend: scores stay on the device");
+    }
+    {
+      ScopedTimer timer(&report_.attend_nanos);
+      RETURN_IF_ERROR(store_->Attend(layer, q, n, out, nullptr));
+    }
+    if (layer + 1 == layer_mass_.size()) return EndForwardPass(n);
+    return absl::OkStatus();
+  }
   std::vector<float>& mass = layer_mass_[layer];
   mass.resize(store_->Length(layer));
   {
@@ -81,7 +94,7 @@ absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, 
   return absl::OkStatus();
 }
 
-absl::Status TieredSequence::EndForwardPass(uint32_t n) {
+absl::Status TieredSequence::AddHostScores() {
   const uint64_t length = store_->Length(0);
   std::vector<float>& attention = step_attention_;
   attention.clear();
@@ -91,13 +104,24 @@ absl::Status TieredSequence::EndForwardPass(uint32_t n) {
     }
     attention.insert(attention.end(), mass.begin(), mass.end());
   }
+  return prefilled_ ? scores_.AddStep(attention, length, tiering::AttentionLayout::kHeadSummed)
+                    : scores_.SeedPrefill(attention, length, tiering::AttentionLayout::kHeadSummed);
+}
+
+absl::Status TieredSequence::PullDeviceScores() {
+  if (!store_->backend().device_scores()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<std::vector<float>> gained, store_->TakeDeviceScores());
+  for (uint32_t g = 0; g < gained.size(); ++g) RETURN_IF_ERROR(scores_.AddScores(g, gained[g]));
+  return absl::OkStatus();
+}
+
+absl::Status TieredSequence::EndForwardPass(uint32_t n) {
+  if (!store_->backend().device_scores()) RETURN_IF_ERROR(AddHostScores());
   MeasureStep();
   if (!prefilled_) {
-    RETURN_IF_ERROR(scores_.SeedPrefill(attention, length, tiering::AttentionLayout::kHeadSummed));
     prefilled_ = true;
     step_ = 0;
   } else {
-    RETURN_IF_ERROR(scores_.AddStep(attention, length, tiering::AttentionLayout::kHeadSummed));
     ++step_;
   }
   // Daemon mode: a plan that arrived since the last pass is applied at this step boundary, and a
@@ -192,6 +216,7 @@ absl::StatusOr<tiering::Placement> TieredSequence::LocalTarget(
 }
 
 absl::Status TieredSequence::RetierLocal(bool allow_offloads) {
+  RETURN_IF_ERROR(PullDeviceScores());
   ASSIGN_OR_RETURN(
       std::vector<float> page_scores,
       scores_.AllPageScores(store_->geometry().page_tokens, options_.tiering.page_score));
@@ -210,6 +235,7 @@ absl::Status TieredSequence::RetierLocal(bool allow_offloads) {
 }
 
 absl::StatusOr<v1::SubmitSnapshotRequest> TieredSequence::BuildSnapshot() {
+  RETURN_IF_ERROR(PullDeviceScores());
   const layout::KvGeometry& g = store_->geometry();
   ASSIGN_OR_RETURN(std::vector<float> page_scores,
                    scores_.AllPageScores(g.page_tokens, options_.tiering.page_score));

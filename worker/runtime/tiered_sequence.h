@@ -66,7 +66,10 @@ class TieredSequence final : public AttentionCache {
   uint32_t Length(uint32_t layer) const override { return store_->Length(layer); }
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
   // Attends and accumulates scores; after the last layer of a forward pass the step ends, and
-  // on a re-tiering step the sequence re-tiers before returning.
+  // on a re-tiering step the sequence re-tiers before returning. On the CUDA backend (see
+  // RuntimeOptions::backend) k, v, q and out are device memory, enqueued on the runtime's
+  // stream, and position_mass must be null (INVALID_ARGUMENT): the store keeps the cumulative
+  // score on the device and the sequence reads it once per re-tiering.
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
   void SetTaskRunner(kernels::TaskRunner* runner) override { store_->SetTaskRunner(runner); }
@@ -96,6 +99,11 @@ class TieredSequence final : public AttentionCache {
                  tiering::ScoreAccumulator scores, std::unique_ptr<tiering::Policy> policy);
 
   absl::Status EndForwardPass(uint32_t n);
+  // Host backend: this pass's position mass into the scores (prefill seeds them).
+  absl::Status AddHostScores();
+  // Device-score backends: the score gained on the device since the last re-tiering, added to
+  // scores_ (once per re-tiering, never per step).
+  absl::Status PullDeviceScores();
   absl::Status RetierLocal(bool allow_offloads);
   absl::Status RetierWithDaemon();
   absl::StatusOr<v1::SubmitSnapshotRequest> BuildSnapshot();

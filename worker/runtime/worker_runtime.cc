@@ -7,13 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
 #include "kvtier/client.h"
+#ifdef KVTIER_WITH_CUDA
+#include "worker/cuda/cuda_kv_backend.h"
+#endif
 
 namespace kvtier::worker {
 
 WorkerRuntime::WorkerRuntime(const RuntimeOptions& options, layout::KvGeometry geometry)
-    : options_(options),
-      geometry_(geometry),
-      arena_(std::make_unique<HostArena>(options.arena_bytes)) {}
+    : options_(options), geometry_(geometry) {}
 
 WorkerRuntime::~WorkerRuntime() = default;
 
@@ -29,6 +30,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   RETURN_IF_ERROR(geometry.Validate());
   ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
   auto runtime = std::unique_ptr<WorkerRuntime>(new WorkerRuntime(options, geometry));
+  RETURN_IF_ERROR(runtime->CreateBackends());
   if (options.daemon_address.empty()) {
     RETURN_IF_ERROR(runtime->CreateLocalPools());
     return runtime;
@@ -45,7 +47,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   g->set_page_tokens(geometry.page_tokens);
   g->set_layer_groups(geometry.layer_groups);
   g->set_model_name(options.worker_name);
-  r.mutable_gpu()->set_name("cpu");
+  r.mutable_gpu()->set_name(options.backend == StoreBackend::kCuda ? "cuda" : "cpu");
   // Whatever was given goes to the daemon, which checks it (a bad figure fails Create).
   if (options.link.ByteSizeLong() > 0) *r.mutable_link() = options.link;
   r.set_hbm_budget_bytes(options.arena_bytes);
@@ -71,6 +73,33 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   }
   runtime->client_ = *std::move(connected);
   return runtime;
+}
+
+absl::Status WorkerRuntime::CreateBackends() {
+  if (options_.backend == StoreBackend::kHost) {
+    host_arena_ = std::make_unique<HostArena>(options_.arena_bytes);
+    arena_ = host_arena_.get();
+    return absl::OkStatus();
+  }
+  if (options_.backend != StoreBackend::kCuda) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend must be kHost or kCuda, got ", static_cast<int>(options_.backend)));
+  }
+#ifdef KVTIER_WITH_CUDA
+  ASSIGN_OR_RETURN(backends_,
+                   cuda::MakeCudaStoreBackends(options_.arena_bytes, options_.cuda_stream));
+  arena_ = &backends_->arena();
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("kvtier was built without CUDA");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<TieredKvStore>> WorkerRuntime::MakeStore(
+    const TieredKvStoreOptions& options, const StoreMemory& memory) {
+  if (backends_ == nullptr) return TieredKvStore::Create(options, memory);
+  ASSIGN_OR_RETURN(std::unique_ptr<KvBackend> backend, backends_->MakeBackend(options));
+  return TieredKvStore::Create(options, memory, std::move(backend));
 }
 
 absl::Status WorkerRuntime::CreateLocalPools() {
@@ -109,8 +138,7 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
 
   if (client_ == nullptr) {
     ASSIGN_OR_RETURN(auto store,
-                     TieredKvStore::Create(
-                         store_options, {arena_.get(), local_ddr_.get(), local_compressed_.get()}));
+                     MakeStore(store_options, {arena_, local_ddr_.get(), local_compressed_.get()}));
     auto seq = std::unique_ptr<TieredSequence>(
         new TieredSequence(seq_options, std::move(store), std::move(scores), std::move(policy)));
     seq->local_slots_ = local_slots_.get();
@@ -135,8 +163,8 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
       std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes());
   auto compressed_pool = std::make_unique<ExternalPagePool>(
       PoolKind::kCompressed, compressed->data(), compressed->data_bytes());
-  ASSIGN_OR_RETURN(auto store, TieredKvStore::Create(store_options, {arena_.get(), ddr_pool.get(),
-                                                                     compressed_pool.get()}));
+  ASSIGN_OR_RETURN(auto store,
+                   MakeStore(store_options, {arena_, ddr_pool.get(), compressed_pool.get()}));
   ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options.prompt_tokens, wire, options.tag));
   auto seq = std::unique_ptr<TieredSequence>(
       new TieredSequence(seq_options, std::move(store), std::move(scores), std::move(policy)));

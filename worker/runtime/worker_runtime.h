@@ -18,12 +18,16 @@
 #include "worker/device_arena.h"
 #include "worker/page_pool.h"
 #include "worker/runtime/tiered_sequence.h"
+#include "worker/store_backends.h"
 
 namespace kvtier {
 class WorkerClient;
 }
 
 namespace kvtier::worker {
+
+// Where T0 lives and what runs attention (the seam with the engine: docs/cuda.md).
+enum class StoreBackend : uint8_t { kHost = 0, kCuda = 1 };
 
 struct RuntimeOptions {
   AttentionShape attention;  // the model's attention (layers, heads, head_dim)
@@ -33,7 +37,13 @@ struct RuntimeOptions {
   // "" = local mode (pools in this process); else kvtierd's address ("unix:/run/kvtier/...").
   std::string daemon_address;
   std::string worker_name = "kvtier-worker";
-  uint64_t arena_bytes = 8ull << 30;  // T0 budget of the CPU backend's host arena
+  uint64_t arena_bytes = 8ull << 30;  // T0 budget (host memory on kHost, HBM on kCuda)
+  // kCuda: T0 in HBM, T1/T2 pool memory pinned for DMA, attention and scores on the device;
+  // sequences then take device pointers (TieredSequence). Create fails with
+  // FAILED_PRECONDITION on a build without CUDA or a machine without a device.
+  StoreBackend backend = StoreBackend::kHost;
+  void* cuda_stream =
+      nullptr;  // kCuda: the engine's compute stream (a cudaStream_t); 0 = default stream
   uint64_t local_ddr_bytes = 2ull << 30;
   uint64_t local_compressed_bytes = 1ull << 30;
   bool portable_kernel = false;  // force the portable attention kernel
@@ -58,15 +68,22 @@ class WorkerRuntime {
   bool daemon_mode() const { return client_ != nullptr; }
   WorkerClient* client() const { return client_.get(); }
   const layout::KvGeometry& geometry() const { return geometry_; }
-  const HostArena& arena() const { return *arena_; }
+  const DeviceArena& arena() const { return *arena_; }
+  StoreBackend backend() const { return options_.backend; }
 
  private:
   WorkerRuntime(const RuntimeOptions& options, layout::KvGeometry geometry);
   absl::Status CreateLocalPools();
+  absl::Status CreateBackends();
+  absl::StatusOr<std::unique_ptr<TieredKvStore>> MakeStore(const TieredKvStoreOptions& options,
+                                                           const StoreMemory& memory);
 
   RuntimeOptions options_;
   layout::KvGeometry geometry_;
-  std::unique_ptr<HostArena> arena_;
+  // Declared first, destroyed last: every store's backend goes before what they share.
+  std::unique_ptr<StoreBackends> backends_;  // null on kHost
+  std::unique_ptr<HostArena> host_arena_;    // kHost
+  DeviceArena* arena_ = nullptr;             // T0: host_arena_ or backends_->arena()
   std::unique_ptr<WorkerClient> client_;
   std::unique_ptr<HostPagePool> local_ddr_, local_compressed_;
   std::unique_ptr<LocalSlotAllocator> local_slots_;

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/tiering/scores.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/cuda/gpu_test_util.h"
 #include "worker/kernels/attention_cpu.h"
@@ -330,6 +331,37 @@ TEST(PagedAttentionGpuTest, AccumulatedMassAddsLayers) {
   float total = 0;
   for (uint32_t i = 0; i < 200; ++i) total += once.mass[i];
   EXPECT_NEAR(total, 8.f, 1e-3);  // softmax weights summed over 8 query heads
+}
+
+// The device score rule equals its CPU reference bit for bit: row b adds mass * weight to the
+// positions it covers, rows in order, one rounded multiply and one rounded add each.
+TEST(AccumulateScoresGpuTest, EqualsTheCpuReferenceBitForBit) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(0.f, 3.f);
+  const uint32_t rows = 5, first = 100, stride = 120, n = first + rows - 1;
+  std::vector<float> mass(rows * stride), scores(n);
+  for (float& m : mass) m = u(rng);
+  for (float& x : scores) x = u(rng);
+  const float weight = tiering::DeviceMassWeight(9, 30);
+  std::vector<float> expected = scores;
+  for (uint32_t b = 0; b < rows; ++b) {
+    tiering::AccumulateDeviceMass(absl::MakeConstSpan(mass).subspan(b * stride, first + b), weight,
+                                  absl::MakeSpan(expected));
+  }
+  DeviceBuffer<float> dm(mass), ds(scores);
+  ScoreAccumulateParams p;
+  p.mass = dm.get();
+  p.rows = rows;
+  p.mass_stride = stride;
+  p.first_length = first;
+  p.weight = weight;
+  p.scores = ds.get();
+  ASSERT_CUDA_OK(AccumulateScores(p, nullptr));
+  const std::vector<float> got = ds.Download();
+  ASSERT_EQ(0, std::memcmp(got.data(), expected.data(), n * sizeof(float)));
+  p.mass_stride = n - 1;  // shorter than the positions the last row covers
+  EXPECT_EQ(AccumulateScores(p, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -210,6 +210,18 @@ __global__ void __launch_bounds__(kMassThreads) MassKernel(PagedDecodeParams p) 
   *dst = p.accumulate_mass ? *dst + mass : mass;
 }
 
+__global__ void __launch_bounds__(kMassThreads) AccumulateScoresKernel(ScoreAccumulateParams p) {
+  const uint32_t i = blockIdx.x * kMassThreads + threadIdx.x;
+  if (i >= p.first_length + p.rows - 1) return;
+  float score = p.scores[i];
+  for (uint32_t b = 0; b < p.rows; ++b) {
+    if (i < p.first_length + b) {
+      score = __fadd_rn(score, __fmul_rn(p.mass[uint64_t{b} * p.mass_stride + i], p.weight));
+    }
+  }
+  p.scores[i] = score;
+}
+
 template <int kHeadDim, typename T>
 cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
   const dim3 chunk_grid(NumChunks(p.max_length), p.num_kv_heads, p.batch);
@@ -244,6 +256,16 @@ uint64_t PagedDecodeWorkspaceBytes(uint32_t batch, uint32_t max_length, uint32_t
   const uint64_t rows = uint64_t{batch} * num_q_heads;
   const uint64_t chunks = NumChunks(max_length);
   return 4 * (rows * max_length + rows * chunks * (2 + uint64_t{head_dim}) + 2 * rows);
+}
+
+cudaError_t AccumulateScores(const ScoreAccumulateParams& p, cudaStream_t stream) {
+  if (p.mass == nullptr || p.scores == nullptr || p.rows == 0 || p.first_length == 0 ||
+      p.mass_stride < p.first_length + p.rows - 1 || !std::isfinite(p.weight)) {
+    return cudaErrorInvalidValue;
+  }
+  const uint32_t n = p.first_length + p.rows - 1;
+  AccumulateScoresKernel<<<(n + kMassThreads - 1) / kMassThreads, kMassThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream) {

@@ -65,6 +65,23 @@ uint64_t PagedDecodeWorkspaceBytes(uint32_t batch, uint32_t max_length, uint32_t
 // is out of range (nothing is launched); otherwise the launch status.
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream);
 
+// The cumulative score on the device (the paper's rule, mean over heads and over layers,
+// accumulated layer by layer; tiering::AccumulateDeviceMass is its CPU reference): row b of
+// `mass` (a PagedDecodeParams::position_mass row, summed over query heads) adds
+// mass[b][i] * weight to scores[i] for i < first_length + b, rows in order, one f32 multiply and
+// one f32 add each (no fused multiply-add, so the CPU reference gives the same bits).
+struct ScoreAccumulateParams {
+  const float* mass = nullptr;  // [rows][mass_stride], device
+  uint32_t rows = 0;
+  uint32_t mass_stride = 0;   // >= first_length + rows - 1
+  uint32_t first_length = 0;  // > 0
+  float weight = 0.f;         // 1 / (num_q_heads × layers of the group)
+  float* scores = nullptr;    // [first_length + rows - 1], device, added to
+};
+
+// One launch on `stream`; cudaErrorInvalidValue for a bad field (nothing launched).
+cudaError_t AccumulateScores(const ScoreAccumulateParams& p, cudaStream_t stream);
+
 }  // namespace kvtier::worker::kernels::cuda
 
 #endif  // KVTIER_WORKER_KERNELS_CUDA_PAGED_ATTENTION_H_

@@ -130,5 +130,66 @@ TEST(ScoreAccumulatorTest, RejectsBadInputAndChangesNothing) {
   EXPECT_THAT(acc.PageScores(0, 0).status().message(), HasSubstr("page_tokens"));
 }
 
+// The device backend accumulates mass / (H × layers of the group) layer by layer and step by
+// step, read out once per re-tiering; the host rule takes per-step means. Same masses, same
+// scores up to f32 rounding, for every group split and with frozen positions left alone.
+TEST(DeviceScoreRuleTest, AgreesWithTheHostRuleOnTheSameMasses) {
+  std::mt19937 rng(11);
+  for (const uint32_t groups : {1u, 2u, 3u}) {
+    const uint32_t layers = 6, heads = 9;
+    ScoreAccumulator host = Make(layers, heads, groups);
+    ScoreAccumulator device = Make(layers, heads, groups);
+    std::vector<std::vector<float>> acc(groups);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    uint64_t length = 40;
+    for (int step = 0; step < 30; ++step, ++length) {
+      // [layer][length], head-summed: each head's softmax sums to 1, so the mass sums to H.
+      std::vector<float> attention(layers * length);
+      for (uint32_t l = 0; l < layers; ++l) {
+        float total = 0;
+        for (uint64_t i = 0; i < length; ++i) total += attention[l * length + i] = u(rng);
+        for (uint64_t i = 0; i < length; ++i) attention[l * length + i] *= heads / total;
+      }
+      ASSERT_TRUE(host.AddStep(attention, length, AttentionLayout::kHeadSummed).ok());
+      for (uint32_t g = 0; g < groups; ++g) {
+        const uint32_t begin = g * layers / groups, end = (g + 1) * layers / groups;
+        acc[g].resize(length, 0.f);
+        for (uint32_t l = begin; l < end; ++l) {
+          AccumulateDeviceMass(absl::MakeConstSpan(attention).subspan(l * length, length),
+                               DeviceMassWeight(heads, end - begin), absl::MakeSpan(acc[g]));
+        }
+      }
+      if (step == 10) {  // a re-tiering: read out, then freeze an evicted range on both
+        for (uint32_t g = 0; g < groups; ++g) {
+          ASSERT_TRUE(device.AddScores(g, acc[g]).ok());
+          acc[g].assign(length, 0.f);
+          ASSERT_TRUE(host.Freeze(g, {4, 12}).ok());
+          ASSERT_TRUE(device.Freeze(g, {4, 12}).ok());
+        }
+      }
+    }
+    for (uint32_t g = 0; g < groups; ++g) ASSERT_TRUE(device.AddScores(g, acc[g]).ok());
+    for (uint32_t g = 0; g < groups; ++g) {
+      const auto h = host.TokenScores(g), d = device.TokenScores(g);
+      ASSERT_EQ(h.size(), d.size());
+      for (size_t i = 0; i < h.size(); ++i) {
+        ASSERT_NEAR(h[i], d[i], 1e-5f * std::max(1.f, h[i])) << "group " << g << " position " << i;
+      }
+    }
+  }
+}
+
+TEST(DeviceScoreRuleTest, AddScoresRejectsABadGroupOrAShrinkingLengthAndChangesNothing) {
+  ScoreAccumulator acc = Make(2, 1);
+  ASSERT_TRUE(acc.AddScores(0, std::vector<float>{1.f, 2.f, 3.f}).ok());
+  absl::Status s = acc.AddScores(1, std::vector<float>{1.f, 1.f, 1.f});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("group"));
+  s = acc.AddScores(0, std::vector<float>{1.f});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gained"));
+  EXPECT_THAT(acc.TokenScores(0), ElementsAre(1.f, 2.f, 3.f));
+}
+
 }  // namespace
 }  // namespace kvtier::tiering

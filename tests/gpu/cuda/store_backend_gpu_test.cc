@@ -1,0 +1,136 @@
+// The store suite over the CUDA backend (T0 in HBM, pools pinned, attention and scores on the
+// device): the same tests the host backend passes. Skipped without a device.
+
+#include <cuda_runtime_api.h>
+
+#include "tests/gpu/cuda/gpu_test_util.h"
+#include "tests/unit/worker/store_backend_suite.h"
+#include "worker/cuda/cuda_kv_backend.h"
+#include "worker/runtime/worker_runtime.h"
+
+namespace kvtier::worker::testing {
+namespace {
+
+// Device copies of the engine's tensors, on the default stream (the backends' stream here).
+class DeviceTensor {
+ public:
+  explicit DeviceTensor(const std::vector<float>& host) : bytes_(host.size() * 4) {
+    if (cudaMalloc(&dev_, bytes_) == cudaSuccess) {
+      cudaMemcpy(dev_, host.data(), bytes_, cudaMemcpyHostToDevice);
+    }
+  }
+  explicit DeviceTensor(size_t floats) : bytes_(floats * 4) { cudaMalloc(&dev_, bytes_); }
+  ~DeviceTensor() { cudaFree(dev_); }
+  float* get() const { return static_cast<float*>(dev_); }
+  void CopyTo(std::vector<float>* out) const {
+    out->resize(bytes_ / 4);
+    cudaMemcpy(out->data(), dev_, bytes_, cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  void* dev_ = nullptr;
+  size_t bytes_;
+};
+
+class CudaHarness final : public StoreHarness {
+ public:
+  CudaHarness() {
+    if (!::kvtier::testing::NoGpuReason().empty()) return;
+    auto backends = cuda::MakeCudaStoreBackends(uint64_t{1} << 28, /*stream=*/nullptr);
+    if (backends.ok()) {
+      backends_ = *std::move(backends);
+    } else {
+      error_ = backends.status().ToString();
+    }
+  }
+  std::string Unavailable() const override {
+    const std::string why = ::kvtier::testing::NoGpuReason();
+    if (!why.empty()) return "no CUDA device: " + why;
+    return error_;
+  }
+  std::unique_ptr<TieredKvStore> MakeStore(const TieredKvStoreOptions& options) override {
+    auto backend = backends_->MakeBackend(options);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    if (!backend.ok()) return nullptr;
+    auto store = TieredKvStore::Create(
+        options, {&backends_->arena(), rig_.ddr.get(), rig_.compressed.get()}, *std::move(backend));
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+  absl::Status Append(TieredKvStore& store, uint32_t layer, const std::vector<float>& k,
+                      const std::vector<float>& v, uint32_t n) override {
+    DeviceTensor dk(k), dv(v);
+    absl::Status s = store.Append(layer, dk.get(), dv.get(), n);
+    cudaDeviceSynchronize();  // the tensors die here
+    return s;
+  }
+  absl::Status Attend(TieredKvStore& store, uint32_t layer, const std::vector<float>& q, uint32_t n,
+                      std::vector<float>* out) override {
+    DeviceTensor dq(q), dout(q.size());
+    absl::Status s = store.Attend(layer, dq.get(), n, dout.get(), nullptr);
+    cudaDeviceSynchronize();
+    dout.CopyTo(out);
+    return s;
+  }
+
+ private:
+  std::unique_ptr<StoreBackends> backends_;
+  std::string error_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Cuda, StoreBackendSuite,
+                         ::testing::Values(HarnessFactory{
+                             "Cuda", [] { return std::make_unique<CudaHarness>(); }}),
+                         HarnessName);
+
+double ScoreSum(const TieredSequence& seq) {
+  double sum = 0;
+  for (float x : seq.scores().TokenScores(0)) sum += x;
+  return sum;
+}
+
+// One forward pass of n tokens through the sequence, with device tensors.
+void Pass(std::mt19937& rng, TieredSequence& seq, uint32_t n) {
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    DeviceTensor k(RandomVector(rng, n * 192)), v(RandomVector(rng, n * 192));
+    DeviceTensor q(RandomVector(rng, n * 576)), out(size_t{n} * 576);
+    ASSERT_TRUE(seq.Append(layer, k.get(), v.get(), n).ok());
+    ASSERT_TRUE(seq.Attend(layer, q.get(), n, out.get(), nullptr).ok());
+    cudaDeviceSynchronize();
+  }
+}
+
+// The seam with the engine: device pointers in, the cumulative score kept on the device and
+// read by the sequence once per re-tiering. Each query's mass is 1 per layer and head, so the
+// scores sum to the queries seen up to the last re-tiering.
+TEST(CudaSequenceTest, ScoresReachTheHostOncePerRetiering) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  RuntimeOptions o;
+  o.attention = {.num_layers = 2, .num_q_heads = 9, .num_kv_heads = 3, .head_dim = 64};
+  o.arena_bytes = 64 << 20;
+  o.local_ddr_bytes = 16 << 20;
+  o.local_compressed_bytes = 16 << 20;
+  o.backend = StoreBackend::kCuda;
+  auto runtime = WorkerRuntime::Create(o);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  SequenceOptions so;
+  so.policy = "full";
+  so.prompt_tokens = 8;
+  so.tiering.retier_interval = 4;
+  auto seq = (*runtime)->Open(so);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  std::mt19937 rng(3);
+  Pass(rng, **seq, 8);  // prefill: re-tiers at its end
+  EXPECT_NEAR(ScoreSum(**seq), 8.0, 1e-3);
+  for (int step = 1; step <= 3; ++step) Pass(rng, **seq, 1);
+  EXPECT_NEAR(ScoreSum(**seq), 8.0, 1e-3);  // not read between re-tierings
+  Pass(rng, **seq, 1);                      // step 4 re-tiers
+  EXPECT_NEAR(ScoreSum(**seq), 12.0, 1e-3);
+  std::vector<float> mass(13);
+  DeviceTensor q(RandomVector(rng, 576)), out(size_t{576});
+  EXPECT_EQ((*seq)->Attend(0, q.get(), 1, out.get(), mass.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier::worker::testing

@@ -1,0 +1,645 @@
+#include "worker/cuda/cuda_kv_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status/status_macros.h"
+#include "core/tiering/scores.h"
+#include "worker/cuda/cuda_device_arena.h"
+#include "worker/cuda/cuda_status.h"
+#include "worker/cuda/layer_stager.h"
+#include "worker/cuda/pinned_mapping.h"
+#include "worker/host_kv_backend.h"
+#include "worker/kernels/cuda/kv_ops.h"
+#include "worker/kernels/cuda/paged_attention.h"
+
+namespace kvtier::worker::cuda {
+namespace {
+
+namespace kc = kernels::cuda;
+using tiering::Tier;
+
+// Queries of one prefill launch: bounds the kernel's workspace (it grows with batch × length).
+constexpr uint32_t kMaxBatch = 32;
+
+// Pool registrations for DMA, one per pool for every store of the worker (registering a range
+// twice fails). Thread-safe.
+class PinnedPools {
+ public:
+  absl::StatusOr<PinnedMapping*> For(const PagePool& pool) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<PinnedMapping>& m = by_base_[pool.base()];
+    if (m == nullptr) {
+      absl::StatusOr<std::unique_ptr<PinnedMapping>> made =
+          PinnedMapping::ForPool(pool, PinnedMappingOptions{});
+      if (!made.ok()) {
+        by_base_.erase(pool.base());
+        return made.status();
+      }
+      m = *std::move(made);
+    }
+    return m.get();
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<const uint8_t*, std::unique_ptr<PinnedMapping>> by_base_ ABSL_GUARDED_BY(mu_);
+};
+
+// Whether the event's work completed. cudaErrorNotReady is also left as the thread's last error:
+// cleared here, or the next launcher's cudaGetLastError would report it.
+bool EventDone(cudaEvent_t e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) cudaGetLastError();
+  return r == cudaSuccess;
+}
+
+// Completion tokens backed by CUDA events, in issue order. Not thread-safe.
+class EventTokens {
+ public:
+  ~EventTokens() {
+    for (auto& [token, event] : pending_) cudaEventDestroy(event);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  // A token for the work queued so far on `stream`; `then` (if not null) waits for it before its
+  // later work.
+  absl::StatusOr<CopyToken> Record(cudaStream_t stream, cudaStream_t then = nullptr) {
+    cudaEvent_t e = nullptr;
+    if (free_.empty()) {
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    } else {
+      e = free_.back();
+      free_.pop_back();
+    }
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, stream));
+    pending_.emplace_back(++last_, e);
+    if (then != nullptr) KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(then, e, 0));
+    return last_;
+  }
+  // Every token up to `t` completed (streams differ: each is asked).
+  bool Completed(CopyToken t) {
+    Retire();
+    for (auto& [token, event] : pending_) {
+      if (token > t) break;
+      if (!EventDone(event)) return false;
+    }
+    return true;
+  }
+  absl::Status Wait(CopyToken t) {
+    for (auto& [token, event] : pending_) {
+      if (token > t) break;
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event));
+    }
+    Retire();
+    return absl::OkStatus();
+  }
+
+ private:
+  void Retire() {
+    while (!pending_.empty() && EventDone(pending_.front().second)) {
+      free_.push_back(pending_.front().second);
+      pending_.pop_front();
+    }
+  }
+  CopyToken last_ = kNoCopyPending;
+  std::deque<std::pair<CopyToken, cudaEvent_t>> pending_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// A page table uploaded for one Attend: pinned host staging, its device copy, and the event
+// after which the host copy may be rewritten. A ring of num_layers + 1 lets the host run a
+// whole forward pass ahead of the GPU without waiting.
+struct PageTable {
+  uint8_t* host = nullptr;
+  uint8_t* dev = nullptr;
+  uint64_t capacity = 0;
+  cudaEvent_t uploaded = nullptr;
+};
+
+kc::CodecKind CodecKindOf(const codecs::Codec& codec) {
+  const std::string_view name(codec.name);
+  return name == "fp8_e4m3" ? kc::CodecKind::kFp8E4m3
+         : name == "minmax" ? kc::CodecKind::kMinMax
+                            : kc::CodecKind::kInt8Kivi;
+}
+
+// Device buffer that only grows (contents are not kept).
+template <typename T>
+absl::Status Grow(T** p, uint64_t* capacity, uint64_t needed) {
+  if (needed <= *capacity) return absl::OkStatus();
+  const uint64_t n = std::max(needed, 2 * *capacity);
+  if (*p != nullptr) KVTIER_CUDA_RETURN_IF_ERROR(cudaFree(*p));  // synchronizes the device
+  *p = nullptr;
+  *capacity = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(p, n * sizeof(T)));
+  *capacity = n;
+  return absl::OkStatus();
+}
+
+class CudaKvBackend final : public KvBackend {
+ public:
+  CudaKvBackend(const TieredKvStoreOptions& options, const codecs::Codec* codec,
+                cudaStream_t compute, PinnedPools* pinned)
+      : layout_{options.geometry, codec},
+        num_q_heads_(options.num_q_heads),
+        scale_(AttentionScale(options)),
+        compute_(compute),
+        pinned_(pinned),
+        host_(HostKvBackendOptions{
+            .layout = layout_, .num_q_heads = options.num_q_heads, .scale = scale_}),
+        tables_(options.geometry.num_layers + 1) {}
+  ~CudaKvBackend() override;
+
+  bool host_t0() const override { return false; }
+  bool device_scores() const override { return true; }
+  absl::Status BindPools(PagePool* ddr, PagePool* compressed) override;
+  absl::Status ClearBlock(uint8_t* block, uint64_t bytes) override;
+  absl::Status WriteRows(float* k_dst, float* v_dst, const float* k, const float* v, uint32_t rows,
+                         uint64_t row_floats) override;
+  absl::Status CopyPage(Tier from, const uint8_t* src, Tier to, uint8_t* dst,
+                        uint64_t bytes) override;
+  absl::Status EncodePage(Tier from, const uint8_t* src, uint32_t group, uint32_t rows,
+                          uint8_t* dst) override;
+  absl::Status DecodePage(const uint8_t* src, uint32_t group, uint32_t rows, Tier to,
+                          uint8_t* dst) override;
+  absl::Status ReadPage(const StoredPage& page, uint32_t group, const uint8_t* ddr_base,
+                        const uint8_t* compressed_base, float* dst) override;
+  CopyToken LastToken() override;
+  bool Completed(CopyToken token) override { return tokens_.Completed(token); }
+  absl::Status Wait(CopyToken token) override { return tokens_.Wait(token); }
+  absl::Status Drain() override;
+  void Forget(uint32_t, uint32_t) override {}  // staged copies are keyed by version
+  absl::Status Attend(const AttendCall& call, StoreStats& stats) override;
+  absl::Status TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) override;
+
+ private:
+  uint64_t BlockBytes() const { return layout_.LayerBlockFloats() * 4; }
+  LayerStagerOptions StagerOptions(uint32_t entries) const;
+  absl::Status EnsureStager(uint32_t entries);
+  // Records the token of a copy just issued on `stream`; `then` is ordered after it.
+  absl::Status Issued(cudaStream_t stream, cudaStream_t then = nullptr);
+  // Host-memory moves (T1 <-> T2) run on the CPU once no copy touches the pools.
+  absl::Status DrainCopies();
+  // The layer's T1/T2 pages as staging requests, and their page indices.
+  void StageRequests(const AttendCall& call, uint32_t layer, std::vector<StageRequest>* out,
+                     std::vector<uint32_t>* pages) const;
+  absl::StatusOr<PageTable*> UploadTable(const AttendCall& call,
+                                         const std::vector<uint8_t*>& staged);
+  absl::Status EnsureScores(uint32_t length);
+  absl::Status LaunchAttention(const AttendCall& call, const PageTable& table);
+  absl::Status PrefetchNext(const AttendCall& call);
+
+  KvLayout layout_;
+  uint32_t num_q_heads_;
+  float scale_;
+  cudaStream_t compute_;
+  PinnedPools* pinned_;  // not owned
+  HostKvBackend host_;   // the CPU codecs, for moves between host tiers
+  PinnedMapping* t1_ = nullptr;
+  PinnedMapping* t2_ = nullptr;
+  std::unique_ptr<LayerStager> stager_;
+  EventTokens tokens_;
+  bool issued_since_token_ = false;
+  CopyToken last_copy_ = kNoCopyPending;
+  std::vector<PageTable> tables_;
+  size_t next_table_ = 0;
+  float* workspace_ = nullptr;
+  uint64_t workspace_floats_ = 0;
+  float* mass_ = nullptr;  // [kMaxBatch][length] position mass of one launch
+  uint64_t mass_floats_ = 0;
+  float* scores_ = nullptr;  // [groups][score_capacity_] cumulative score since the last read
+  uint64_t score_capacity_ = 0;
+  std::vector<StageRequest> requests_;
+  std::vector<uint32_t> request_pages_;
+};
+
+CudaKvBackend::~CudaKvBackend() {
+  (void)Drain();
+  stager_.reset();
+  for (PageTable& t : tables_) {
+    cudaFreeHost(t.host);
+    cudaFree(t.dev);
+    if (t.uploaded != nullptr) cudaEventDestroy(t.uploaded);
+  }
+  cudaFree(workspace_);
+  cudaFree(mass_);
+  cudaFree(scores_);
+}
+
+LayerStagerOptions CudaKvBackend::StagerOptions(uint32_t entries) const {
+  LayerStagerOptions o;
+  o.num_slots = 2;
+  o.entries_per_slot = entries;
+  o.page_tokens = layout_.geometry.page_tokens;
+  o.num_kv_heads = layout_.geometry.num_kv_heads;
+  o.head_dim = layout_.geometry.head_dim;
+  o.dtype = kc::KvDtype::kF32;
+  o.codec = CodecKindOf(*layout_.codec);
+  o.max_offload_batch = 256;
+  return o;
+}
+
+absl::Status CudaKvBackend::BindPools(PagePool* ddr, PagePool* compressed) {
+  RETURN_IF_ERROR(Drain());
+  stager_.reset();
+  t1_ = t2_ = nullptr;
+  if (ddr != nullptr) {
+    ASSIGN_OR_RETURN(t1_, pinned_->For(*ddr));
+  }
+  if (compressed != nullptr) {
+    ASSIGN_OR_RETURN(t2_, pinned_->For(*compressed));
+  }
+  // Without a T1 pool no page leaves T0 for host memory: nothing to stage or copy.
+  return t1_ != nullptr ? EnsureStager(64) : absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::EnsureStager(uint32_t entries) {
+  if (t1_ == nullptr) return absl::FailedPreconditionError("the store has no T1 pool");
+  if (stager_ != nullptr && stager_->options().entries_per_slot >= entries) {
+    return absl::OkStatus();
+  }
+  const uint32_t n =
+      stager_ == nullptr ? entries : std::max(entries, 2 * stager_->options().entries_per_slot);
+  // The old slots may still be read by queued attention; the stager drains its own streams.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  stager_.reset();
+  ASSIGN_OR_RETURN(stager_, LayerStager::Create(StagerOptions(n), t1_, t2_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::Issued(cudaStream_t stream, cudaStream_t then) {
+  ASSIGN_OR_RETURN(last_copy_, tokens_.Record(stream, then));
+  issued_since_token_ = true;
+  return absl::OkStatus();
+}
+
+CopyToken CudaKvBackend::LastToken() {
+  if (issued_since_token_) {
+    issued_since_token_ = false;
+    return last_copy_;
+  }
+  // No copy since the last token: what may still read a block is the engine's queued work.
+  absl::StatusOr<CopyToken> t = tokens_.Record(compute_);
+  return t.ok() ? *t : last_copy_;
+}
+
+absl::Status CudaKvBackend::DrainCopies() {
+  if (stager_ == nullptr) return absl::OkStatus();
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stager_->d2h_stream()));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stager_->h2d_stream()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::Drain() {
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  RETURN_IF_ERROR(DrainCopies());
+  return tokens_.Wait(~CopyToken{0});
+}
+
+absl::Status CudaKvBackend::ClearBlock(uint8_t* block, uint64_t bytes) {
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(block, 0, bytes, compute_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::WriteRows(float* k_dst, float* v_dst, const float* k, const float* v,
+                                      uint32_t rows, uint64_t row_floats) {
+  const uint64_t bytes = rows * row_floats * 4;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k_dst, k, bytes, cudaMemcpyDefault, compute_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_dst, v, bytes, cudaMemcpyDefault, compute_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::CopyPage(Tier from, const uint8_t* src, Tier to, uint8_t* dst,
+                                     uint64_t bytes) {
+  if (stager_ == nullptr) return absl::FailedPreconditionError("the store has no T1 pool");
+  const uint64_t block = BlockBytes();
+  const uint32_t layers = static_cast<uint32_t>(bytes / block);
+  if (from == Tier::kT0 && to == Tier::kT1) {
+    std::vector<OffloadOp> ops;
+    for (uint32_t l = 0; l < layers; ++l) {
+      ops.push_back({src + l * block, static_cast<uint64_t>(dst - t1_->base()) + l * block});
+    }
+    RETURN_IF_ERROR(stager_->Offload(ops, compute_));
+    // Staging reads the slot on the H2D stream: after the offload landed.
+    return Issued(stager_->d2h_stream(), stager_->h2d_stream());
+  }
+  if (from == Tier::kT1 && to == Tier::kT0) {
+    std::vector<RestoreOp> ops;
+    for (uint32_t l = 0; l < layers; ++l) {
+      ops.push_back({static_cast<uint64_t>(src - t1_->base()) + l * block, dst + l * block,
+                     StageSource::kFull});
+    }
+    RETURN_IF_ERROR(stager_->Restore(ops, compute_));
+    return Issued(stager_->h2d_stream());
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no full-precision copy from ",
+                                                 std::string(tiering::TierName(from)), " to ",
+                                                 std::string(tiering::TierName(to))));
+}
+
+absl::Status CudaKvBackend::EncodePage(Tier from, const uint8_t* src, uint32_t group, uint32_t rows,
+                                       uint8_t* dst) {
+  if (from != Tier::kT0) {
+    RETURN_IF_ERROR(DrainCopies());
+    return host_.EncodePage(from, src, group, rows, dst);
+  }
+  if (stager_ == nullptr || t2_ == nullptr) {
+    return absl::FailedPreconditionError("the store has no T2 pool");
+  }
+  // The device codec quantizes whole pages: the page being written never reaches T2.
+  if (rows != layout_.geometry.page_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows (", rows, ") must be page_tokens (", layout_.geometry.page_tokens, ")"));
+  }
+  std::vector<OffloadOp> ops;
+  for (uint32_t l = 0; l < layout_.geometry.LayersInGroup(group); ++l) {
+    ops.push_back(
+        {src + l * BlockBytes(), static_cast<uint64_t>(dst - t2_->base()) +
+                                     layout_.CompressedBlockOffset(l, codecs::TensorRole::kKey)});
+  }
+  RETURN_IF_ERROR(stager_->OffloadCompressed(ops, compute_));
+  return Issued(stager_->d2h_stream(), stager_->h2d_stream());
+}
+
+absl::Status CudaKvBackend::DecodePage(const uint8_t* src, uint32_t group, uint32_t rows, Tier to,
+                                       uint8_t* dst) {
+  if (to != Tier::kT0) {
+    RETURN_IF_ERROR(DrainCopies());
+    return host_.DecodePage(src, group, rows, to, dst);
+  }
+  if (stager_ == nullptr || t2_ == nullptr) {
+    return absl::FailedPreconditionError("the store has no T2 pool");
+  }
+  std::vector<RestoreOp> ops;
+  for (uint32_t l = 0; l < layout_.geometry.LayersInGroup(group); ++l) {
+    ops.push_back({static_cast<uint64_t>(src - t2_->base()) +
+                       layout_.CompressedBlockOffset(l, codecs::TensorRole::kKey),
+                   dst + l * BlockBytes(), StageSource::kCompressed});
+  }
+  RETURN_IF_ERROR(stager_->Restore(ops, compute_));
+  return Issued(stager_->h2d_stream());
+}
+
+absl::Status CudaKvBackend::ReadPage(const StoredPage& page, uint32_t group,
+                                     const uint8_t* ddr_base, const uint8_t* compressed_base,
+                                     float* dst) {
+  if (page.tier != Tier::kT0) {
+    RETURN_IF_ERROR(DrainCopies());
+    return host_.ReadPage(page, group, ddr_base, compressed_base, dst);
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dst, page.t0, layout_.geometry.PageBytes(group), cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+void CudaKvBackend::StageRequests(const AttendCall& call, uint32_t layer,
+                                  std::vector<StageRequest>* out,
+                                  std::vector<uint32_t>* pages) const {
+  out->clear();
+  pages->clear();
+  const layout::KvGeometry& g = layout_.geometry;
+  const uint32_t l = layer - g.GroupBegin(call.group);
+  const uint64_t n = g.NumPages(call.length);
+  for (uint32_t p = 0; p < n; ++p) {
+    const StoredPage& e = call.pages[p];
+    if (e.tier == Tier::kT1) {
+      out->push_back({p, e.version, e.slot + l * BlockBytes(), BlockBytes(), StageSource::kFull});
+    } else if (e.tier == Tier::kT2) {
+      out->push_back({p, e.version,
+                      e.slot + layout_.CompressedBlockOffset(l, codecs::TensorRole::kKey),
+                      stager_->options().CompressedBlockBytes(), StageSource::kCompressed});
+    } else {
+      continue;
+    }
+    pages->push_back(p);
+  }
+}
+
+absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const AttendCall& call,
+                                                      const std::vector<uint8_t*>& staged) {
+  const layout::KvGeometry& g = layout_.geometry;
+  const uint64_t pages = g.NumPages(call.length);
+  const uint64_t bytes = pages * sizeof(void*) + 2 * uint64_t{call.n} * sizeof(int32_t);
+  PageTable& t = tables_[next_table_];
+  next_table_ = (next_table_ + 1) % tables_.size();
+  if (t.uploaded == nullptr) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.uploaded, cudaEventDisableTiming));
+  }
+  // The host copy was last read by an upload one forward pass ago.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(t.uploaded));
+  if (bytes > t.capacity) {
+    const uint64_t n = std::max<uint64_t>(bytes, 2 * t.capacity);
+    cudaFreeHost(t.host);
+    cudaFree(t.dev);
+    t.host = t.dev = nullptr;
+    t.capacity = 0;
+    KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&t.host, n));
+    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&t.dev, n));
+    t.capacity = n;
+  }
+  auto* entries = reinterpret_cast<const void**>(t.host);
+  const uint64_t layer_off = layout_.LayerOffsetFloats(call.layer - g.GroupBegin(call.group)) * 4;
+  size_t next_staged = 0;
+  for (uint64_t p = 0; p < pages; ++p) {
+    const StoredPage& e = call.pages[p];
+    entries[p] = e.tier == Tier::kT0   ? e.t0 + layer_off
+                 : e.tier == Tier::kT3 ? nullptr
+                                       : staged[next_staged++];
+  }
+  auto* indptr = reinterpret_cast<int32_t*>(t.host + pages * sizeof(void*));
+  int32_t* lengths = indptr + call.n;
+  // Query b sits at position length - n + b: one "sequence" per query over the same pages.
+  for (uint32_t b = 0; b < call.n; ++b) {
+    indptr[b] = 0;
+    lengths[b] = static_cast<int32_t>(call.length - call.n + b + 1);
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(t.dev, t.host, bytes, cudaMemcpyHostToDevice, compute_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.uploaded, compute_));
+  return &t;
+}
+
+absl::Status CudaKvBackend::EnsureScores(uint32_t length) {
+  if (length <= score_capacity_) return absl::OkStatus();
+  const uint64_t cap = std::max<uint64_t>({length, 2 * score_capacity_, 1024});
+  const uint32_t groups = layout_.geometry.layer_groups;
+  float* grown = nullptr;
+  KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&grown, groups * cap * sizeof(float)));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(grown, 0, groups * cap * sizeof(float), compute_));
+  if (scores_ != nullptr) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        grown, cap * sizeof(float), scores_, score_capacity_ * sizeof(float),
+        score_capacity_ * sizeof(float), groups, cudaMemcpyDeviceToDevice, compute_));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaFree(scores_));  // synchronizes the device
+  }
+  scores_ = grown;
+  score_capacity_ = cap;
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::LaunchAttention(const AttendCall& call, const PageTable& table) {
+  const layout::KvGeometry& g = layout_.geometry;
+  const uint64_t pages = g.NumPages(call.length);
+  const uint64_t q_row = uint64_t{num_q_heads_} * g.head_dim;
+  const auto* lengths =
+      reinterpret_cast<const int32_t*>(table.dev + pages * sizeof(void*)) + call.n;
+  const uint32_t batch = std::min(call.n, kMaxBatch);
+  RETURN_IF_ERROR(
+      Grow(&workspace_, &workspace_floats_,
+           kc::PagedDecodeWorkspaceBytes(batch, call.length, num_q_heads_, g.head_dim) / 4));
+  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, uint64_t{batch} * call.length));
+  RETURN_IF_ERROR(EnsureScores(call.length));
+  for (uint32_t b0 = 0; b0 < call.n; b0 += kMaxBatch) {
+    const uint32_t rows = std::min(kMaxBatch, call.n - b0);
+    const uint32_t first_length = call.length - call.n + b0 + 1;
+    kc::PagedDecodeParams p;
+    p.q = call.q + b0 * q_row;
+    p.out = call.out + b0 * q_row;
+    p.pages = reinterpret_cast<const void* const*>(table.dev);
+    p.page_indptr = reinterpret_cast<const int32_t*>(table.dev + pages * sizeof(void*));
+    p.lengths = lengths + b0;
+    p.position_mass = mass_;
+    p.mass_stride = call.length;
+    p.workspace = workspace_;
+    p.batch = rows;
+    p.max_length = first_length + rows - 1;
+    p.num_q_heads = num_q_heads_;
+    p.num_kv_heads = g.num_kv_heads;
+    p.head_dim = g.head_dim;
+    p.page_tokens = g.page_tokens;
+    p.scale = scale_;
+    p.kv_dtype = kc::KvDtype::kF32;
+    KVTIER_CUDA_RETURN_IF_ERROR(kc::PagedDecodeAttention(p, compute_));
+    kc::ScoreAccumulateParams s;
+    s.mass = mass_;
+    s.rows = rows;
+    s.mass_stride = call.length;
+    s.first_length = first_length;
+    s.weight = tiering::DeviceMassWeight(num_q_heads_, g.LayersInGroup(call.group));
+    s.scores = scores_ + uint64_t{call.group} * score_capacity_;
+    KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScores(s, compute_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call) {
+  // One layer ahead, within the group (the pages of another group are another table).
+  const uint32_t next = call.layer + 1;
+  const layout::KvGeometry& g = layout_.geometry;
+  if (stager_ == nullptr || next >= g.num_layers || g.GroupOfLayer(next) != call.group ||
+      !stager_->CanPrefetch(next)) {
+    return absl::OkStatus();
+  }
+  StageRequests(call, next, &requests_, &request_pages_);
+  if (requests_.empty()) return absl::OkStatus();
+  return stager_->Prefetch(next, requests_).status();
+}
+
+absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& /*stats*/) {
+  // Pages a schedule leaves in place are staged like the rest: attention stays whole (exact).
+  std::vector<uint8_t*> staged;
+  if (stager_ != nullptr) {
+    StageRequests(call, call.layer, &requests_, &request_pages_);
+    if (!requests_.empty()) {
+      RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
+      ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
+      RETURN_IF_ERROR(stager_->Acquire(call.layer, compute_));
+      staged = std::move(layer.blocks);
+    }
+  }
+  ASSIGN_OR_RETURN(PageTable * table, UploadTable(call, staged));
+  RETURN_IF_ERROR(LaunchAttention(call, *table));
+  if (!staged.empty()) RETURN_IF_ERROR(stager_->Release(call.layer, compute_));
+  return PrefetchNext(call);
+}
+
+absl::Status CudaKvBackend::TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) {
+  RETURN_IF_ERROR(EnsureScores(std::max<uint32_t>(length, 1)));
+  const uint32_t groups = layout_.geometry.layer_groups;
+  scores->resize(groups);
+  for (uint32_t grp = 0; grp < groups; ++grp) {
+    (*scores)[grp].resize(length);
+    float* row = scores_ + uint64_t{grp} * score_capacity_;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync((*scores)[grp].data(), row, length * sizeof(float),
+                                                cudaMemcpyDeviceToHost, compute_));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(row, 0, score_capacity_ * sizeof(float), compute_));
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateForDevice(const TieredKvStoreOptions& o, const codecs::Codec& codec) {
+  const layout::KvGeometry& g = o.geometry;
+  if (g.head_dim != 64 && g.head_dim != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("geometry.head_dim must be 64 or 128 on the CUDA backend, got ", g.head_dim));
+  }
+  if (o.num_q_heads == 0 || g.num_kv_heads == 0 || o.num_q_heads % g.num_kv_heads != 0 ||
+      o.num_q_heads / g.num_kv_heads > kc::kMaxGqaGroup) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_q_heads / geometry.num_kv_heads must be a whole number in [1, ", kc::kMaxGqaGroup,
+        "] on the CUDA backend, got ", o.num_q_heads, " / ", g.num_kv_heads));
+  }
+  // The device writes a layer's codes as encoded K then V: the store's reserved K block must
+  // be exactly the encoded size.
+  const KvLayout layout{g, &codec};
+  const uint64_t key = kc::EncodedBytes(CodecKindOf(codec), kc::Role::kKey, g.page_tokens,
+                                        static_cast<uint32_t>(g.ValuesPerTokenLayer()));
+  if (layout.ReservedBlockBytes(codecs::TensorRole::kKey) != key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec \"", std::string(std::string_view(codec.name)),
+                     "\" with geometry.page_tokens ", g.page_tokens, " encodes keys in ", key,
+                     " bytes, not a multiple of 16: unsupported on "
+                     "the CUDA backend"));
+  }
+  return absl::OkStatus();
+}
+
+// Thread-safe: the arena and the pinned registry are; the rest is immutable.
+class CudaStoreBackends final : public StoreBackends {
+ public:
+  CudaStoreBackends(std::unique_ptr<CudaDeviceArena> arena, cudaStream_t stream)
+      : arena_(std::move(arena)), stream_(stream) {}
+  DeviceArena& arena() override { return *arena_; }
+  absl::StatusOr<std::unique_ptr<KvBackend>> MakeBackend(
+      const TieredKvStoreOptions& options) override {
+    ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
+    RETURN_IF_ERROR(ValidateForDevice(options, *codec));
+    return std::unique_ptr<KvBackend>(new CudaKvBackend(options, codec, stream_, &pinned_));
+  }
+
+ private:
+  PinnedPools pinned_;  // outlives no backend: the runtime keeps this object last
+  std::unique_ptr<CudaDeviceArena> arena_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StoreBackends>> MakeCudaStoreBackends(uint64_t arena_bytes,
+                                                                     void* stream) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device: ", e != cudaSuccess ? cudaGetErrorString(e) : "none found"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaDeviceArena> arena, CudaDeviceArena::Create(arena_bytes));
+  return std::unique_ptr<StoreBackends>(
+      new CudaStoreBackends(std::move(arena), static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace kvtier::worker::cuda

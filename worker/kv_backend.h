@@ -1,0 +1,150 @@
+#ifndef KVTIER_WORKER_KV_BACKEND_H_
+#define KVTIER_WORKER_KV_BACKEND_H_
+
+// The seam between the tiered store's logic (TieredKvStore: validation, plan order, slot
+// bookkeeping, versions, stats, in-place lists, released slots) and where the bytes live. A
+// backend only moves data and runs kernels; it never decides anything. Two implement it: the
+// host backend (T0 in host memory, worker/host_kv_backend.h) and the CUDA backend (T0 in HBM,
+// worker/cuda/cuda_kv_backend.h, built only with the toolkit).
+//
+// Copies may complete after the call that issued them returns (CUDA copy streams). Each issuing
+// call leaves a completion token behind (LastToken); the store keeps what a copy still reads
+// (a T0 block, a source slot) until Completed(token) says it landed (FencedReleases).
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/layout/geometry.h"
+#include "core/tiering/types.h"
+#include "worker/codecs/codec.h"
+#include "worker/fenced_releases.h"
+
+namespace kvtier::worker {
+
+namespace kernels {
+class TaskRunner;
+}
+struct StoreStats;
+class PagePool;
+
+// One page of one layer group as the store's page table holds it.
+struct StoredPage {
+  tiering::Tier tier = tiering::Tier::kT0;
+  uint8_t* t0 = nullptr;  // T0 block (backend memory)
+  uint64_t slot = 0;      // T1 / T2 slot offset in its pool
+  uint32_t compressed_rows = 0;
+  bool lossy = false;
+  uint64_t version = 0;  // bumps on every change of the page's bytes or place
+};
+
+// A page a schedule names in place and that still lives in host memory: attended there, as a
+// second partial (split attention).
+inline bool AttendedInPlace(const StoredPage& page, uint8_t in_place_mark) {
+  return in_place_mark != 0 && (page.tier == tiering::Tier::kT1 || page.tier == tiering::Tier::kT2);
+}
+
+// Byte layout of pages (shared by the store and every backend). A page of group g holds, for
+// each layer of g, K then V, each [page_tokens][num_kv_heads][head_dim] f32; a compressed page
+// holds, per layer, the codec's encoding of K then V, each block reserved for page_tokens rows
+// and 16-byte aligned.
+struct KvLayout {
+  layout::KvGeometry geometry;
+  const codecs::Codec* codec = nullptr;
+
+  uint64_t RowFloats() const { return geometry.ValuesPerTokenLayer(); }
+  // Floats of one layer's block (K and V) and offset of layer `l` of the group inside a page.
+  uint64_t LayerBlockFloats() const { return 2 * uint64_t{geometry.page_tokens} * RowFloats(); }
+  uint64_t LayerOffsetFloats(uint32_t layer_in_group) const {
+    return uint64_t{layer_in_group} * LayerBlockFloats();
+  }
+  // Reserved bytes of one encoded K or V block.
+  uint64_t ReservedBlockBytes(codecs::TensorRole role) const;
+  uint64_t CompressedBlockOffset(uint32_t layer_in_group, codecs::TensorRole role) const;
+  uint64_t CompressedSlotBytes(uint32_t group) const;
+};
+
+// One Attend of one layer over the pages covering [0, length).
+struct AttendCall {
+  uint32_t layer = 0;
+  uint32_t group = 0;
+  const float* q = nullptr;        // [n][q_heads][head_dim]
+  uint32_t n = 0;                  // queries: the last n positions (causal)
+  float* out = nullptr;            // [n][q_heads][head_dim]
+  float* position_mass = nullptr;  // [length] or null
+  uint32_t length = 0;
+  const StoredPage* pages = nullptr;  // the group's page table, at least NumPages(length)
+  const uint8_t* in_place = nullptr;  // [in_place_pages] marks (AttendedInPlace), or null
+  uint32_t in_place_pages = 0;        // pages past it are not marked
+  bool split = false;                 // some page of [0, length) is attended in place
+
+  uint8_t InPlaceMark(uint32_t page) const { return page < in_place_pages ? in_place[page] : 0; }
+  const uint8_t* const* keep = nullptr;      // per kv head [length] keep masks, or null
+  const uint8_t* ddr_base = nullptr;         // host memory of the T1 pool (null: none)
+  const uint8_t* compressed_base = nullptr;  // host memory of the T2 pool (null: none)
+};
+
+// Not thread-safe: owned by one store and driven by its decode loop.
+class KvBackend {
+ public:
+  virtual ~KvBackend() = default;
+
+  // True when T0 blocks are host memory (the host backend). Otherwise (a device) appends write
+  // only T0 pages: the page being written stays in T0.
+  virtual bool host_t0() const = 0;
+  // The store's pools, at creation and at every RebindPools (either may be null). A device
+  // registers them for DMA.
+  virtual absl::Status BindPools(PagePool* ddr, PagePool* compressed) {
+    (void)ddr;
+    (void)compressed;
+    return absl::OkStatus();
+  }
+  // True when the backend accumulates the cumulative score itself (TakeScores), so Attend's
+  // position_mass stays null.
+  virtual bool device_scores() const { return false; }
+
+  // A fresh T0 block reads as zeros.
+  virtual absl::Status ClearBlock(uint8_t* block, uint64_t bytes) = 0;
+  // Writes `rows` K rows to k_dst and V rows to v_dst (row_floats floats each), from the
+  // engine's k / v (host memory on the host backend, device memory on a device).
+  virtual absl::Status WriteRows(float* k_dst, float* v_dst, const float* k, const float* v,
+                                 uint32_t rows, uint64_t row_floats) = 0;
+  // Full-precision page copy between T0 (a block) and T1 (host memory of the DDR pool).
+  virtual absl::Status CopyPage(tiering::Tier from, const uint8_t* src, tiering::Tier to,
+                                uint8_t* dst, uint64_t bytes) = 0;
+  // Encodes a T0 or T1 page of `group` (its first `rows` rows) into compressed slot memory.
+  virtual absl::Status EncodePage(tiering::Tier from, const uint8_t* src, uint32_t group,
+                                  uint32_t rows, uint8_t* dst) = 0;
+  // Decodes a compressed page into a T0 block or a T1 slot (rows past `rows` read as zeros).
+  virtual absl::Status DecodePage(const uint8_t* src, uint32_t group, uint32_t rows,
+                                  tiering::Tier to, uint8_t* dst) = 0;
+  // Copies a page (any tier but T3) to host memory `dst`, full precision, when it returns.
+  virtual absl::Status ReadPage(const StoredPage& page, uint32_t group, const uint8_t* ddr_base,
+                                const uint8_t* compressed_base, float* dst) = 0;
+
+  // Token of everything issued so far on the store's behalf, including work queued that may
+  // still read a block (kNoCopyPending when nothing is outstanding).
+  virtual CopyToken LastToken() = 0;
+  virtual bool Completed(CopyToken token) = 0;
+  // Blocks the host until `token` completed.
+  virtual absl::Status Wait(CopyToken token) = 0;
+  // Blocks the host until nothing issued reads or writes the store's memory (destruction).
+  virtual absl::Status Drain() { return Wait(LastToken()); }
+
+  // The page left its tier or changed: drop what was staged of it.
+  virtual void Forget(uint32_t group, uint32_t page) = 0;
+  // Attention of one layer; updates the staging counters of `stats`.
+  virtual absl::Status Attend(const AttendCall& call, StoreStats& stats) = 0;
+  virtual void SetTaskRunner(kernels::TaskRunner* runner) { (void)runner; }
+  // device_scores() only: scores[g] receives, for positions [0, length) of group g, the score
+  // gained since the last call (the device copy restarts from zero). Once per re-tiering.
+  virtual absl::Status TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) {
+    (void)length;
+    (void)scores;
+    return absl::UnimplementedError("this backend keeps no scores");
+  }
+};
+
+}  // namespace kvtier::worker
+
+#endif  // KVTIER_WORKER_KV_BACKEND_H_
