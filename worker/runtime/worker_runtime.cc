@@ -19,6 +19,9 @@ WorkerRuntime::~WorkerRuntime() = default;
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
     const RuntimeOptions& options) {
+  if (options.backend == StoreBackend::kCuda) {
+    return absl::FailedPreconditionError("kvtier was built without the CUDA store backend");
+  }
   const AttentionShape& a = options.attention;
   layout::KvGeometry geometry{.num_layers = a.num_layers,
                               .num_kv_heads = a.num_kv_heads,

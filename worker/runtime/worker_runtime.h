@@ -25,6 +25,9 @@ class WorkerClient;
 
 namespace kvtier::worker {
 
+// Where T0 lives and attention runs: the host arena and CPU kernels, or HBM and CUDA kernels.
+enum class StoreBackend : uint8_t { kHost = 0, kCuda = 1 };
+
 struct RuntimeOptions {
   AttentionShape attention;  // the model's attention (layers, heads, head_dim)
   uint32_t page_tokens = 16;
@@ -41,6 +44,11 @@ struct RuntimeOptions {
   // none (no schedules, attention unsplit). The CPU backend follows a schedule by attending the
   // pages it leaves in place as a second partial (split attention).
   v1::HostLink link;
+  // kCuda: sequences take device pointers, enqueued on cuda_stream (Create: FAILED_PRECONDITION
+  // without the CUDA store backend, CUDA, or a device).
+  StoreBackend backend = StoreBackend::kHost;
+  void* cuda_stream =
+      nullptr;  // kCuda: the engine's compute stream (a cudaStream_t); 0 = default stream
 };
 
 // Thread-safe: sequences may be opened from several threads; each sequence is single-threaded.
