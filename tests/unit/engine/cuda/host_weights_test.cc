@@ -152,5 +152,19 @@ TEST(HostWeightsTest, NonMatrixIsRejectedNamingTensorAndType) {
   std::remove(TinyPath().c_str());
 }
 
+TEST(HostWeightsTest, UnsupportedTypeFailsTheLoadNamingTensorAndType) {
+  // CudaModel::Create takes a loaded Model: a type neither engine dequantizes stops there.
+  auto weights = TinyWeights();
+  tiny::Tensor& t = weights["blk.0.ffn_up.weight"];
+  t.type = static_cast<GgmlType>(7);                // Q5_1: 24 bytes per 32 values
+  t.bytes.assign(t.bytes.size() / 2 / 32 * 24, 0);  // was f16
+  tiny::WriteModel(TinyPath(), weights);
+  auto model = Model::Load(TinyPath(), {.threads = 1});
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("tensor 'blk.0.ffn_up.weight': ggml tensor type 7 is not supported"));
+  std::remove(TinyPath().c_str());
+}
+
 }  // namespace
 }  // namespace kvtier::engine::cuda
