@@ -19,9 +19,6 @@ WorkerRuntime::~WorkerRuntime() = default;
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
     const RuntimeOptions& options) {
-  if (options.backend == StoreBackend::kCuda) {
-    return absl::FailedPreconditionError("kvtier was built without the CUDA store backend");
-  }
   const AttentionShape& a = options.attention;
   layout::KvGeometry geometry{.num_layers = a.num_layers,
                               .num_kv_heads = a.num_kv_heads,
@@ -32,6 +29,10 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   RETURN_IF_ERROR(geometry.Validate());
   ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
   auto runtime = std::unique_ptr<WorkerRuntime>(new WorkerRuntime(options, geometry));
+  // Until the CUDA store lands here (branch cuda-store replaces this with its backends).
+  if (options.backend == StoreBackend::kCuda) {
+    return absl::FailedPreconditionError("kvtier was built without the CUDA store backend");
+  }
   if (options.daemon_address.empty()) {
     RETURN_IF_ERROR(runtime->CreateLocalPools());
     return runtime;

@@ -25,7 +25,7 @@ class WorkerClient;
 
 namespace kvtier::worker {
 
-// Where T0 lives and attention runs: the host arena and CPU kernels, or HBM and CUDA kernels.
+// Where T0 lives and what runs attention (the seam with the engine: docs/cuda.md).
 enum class StoreBackend : uint8_t { kHost = 0, kCuda = 1 };
 
 struct RuntimeOptions {
@@ -36,7 +36,13 @@ struct RuntimeOptions {
   // "" = local mode (pools in this process); else kvtierd's address ("unix:/run/kvtier/...").
   std::string daemon_address;
   std::string worker_name = "kvtier-worker";
-  uint64_t arena_bytes = 8ull << 30;  // T0 budget of the CPU backend's host arena
+  uint64_t arena_bytes = 8ull << 30;  // T0 budget (host memory on kHost, HBM on kCuda)
+  // kCuda: T0 in HBM, T1/T2 pool memory pinned for DMA, attention and scores on the device;
+  // sequences then take device pointers (TieredSequence). Create fails with
+  // FAILED_PRECONDITION on a build without CUDA or a machine without a device.
+  StoreBackend backend = StoreBackend::kHost;
+  void* cuda_stream =
+      nullptr;  // kCuda: the engine's compute stream (a cudaStream_t); 0 = default stream
   uint64_t local_ddr_bytes = 2ull << 30;
   uint64_t local_compressed_bytes = 1ull << 30;
   bool portable_kernel = false;  // force the portable attention kernel
@@ -44,11 +50,6 @@ struct RuntimeOptions {
   // none (no schedules, attention unsplit). The CPU backend follows a schedule by attending the
   // pages it leaves in place as a second partial (split attention).
   v1::HostLink link;
-  // kCuda: sequences take device pointers, enqueued on cuda_stream (Create: FAILED_PRECONDITION
-  // without the CUDA store backend, CUDA, or a device).
-  StoreBackend backend = StoreBackend::kHost;
-  void* cuda_stream =
-      nullptr;  // kCuda: the engine's compute stream (a cudaStream_t); 0 = default stream
 };
 
 // Thread-safe: sequences may be opened from several threads; each sequence is single-threaded.
