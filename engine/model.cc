@@ -52,6 +52,44 @@ absl::StatusOr<uint32_t> GetU32(const GgufFile& f, const std::string& key) {
 
 }  // namespace
 
+absl::Status CheckPass(const ModelConfig& c, uint32_t cached, std::span<const int32_t> tokens) {
+  if (cached + tokens.size() > c.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence of %d cached + %d new tokens exceeds the context length %d",
+                        cached, tokens.size(), c.context_length));
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= static_cast<int32_t>(c.vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("token id %d out of vocabulary [0, %d)", t, c.vocab_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLayerLength(const worker::AttentionCache& cache, uint32_t layer, uint32_t start,
+                              size_t segment) {
+  if (cache.Length(layer) == start) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrFormat("cache of segment %d has %d positions in layer %d, %d in layer 0", segment,
+                      cache.Length(layer), layer, start));
+}
+
+absl::Status CheckDecodeBatch(std::span<const DecodeRequest> batch) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].cache == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("Decode: batch[%d].cache is null", i));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (batch[j].cache == batch[i].cache) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("Decode: batch[%d] and batch[%d] share a cache", j, i));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path,
                                                    const ModelOptions& options) {
   if (!std::filesystem::exists(path)) return absl::NotFoundError(MissingModelHint(path));
@@ -165,20 +203,11 @@ absl::Status Model::Prefill(std::span<const int32_t> tokens, worker::AttentionCa
 }
 
 absl::Status Model::Decode(std::span<const DecodeRequest> batch) {
+  RETURN_IF_ERROR(CheckDecodeBatch(batch));
   std::vector<Segment> segs;
   segs.reserve(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].cache == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat("Decode: batch[%d].cache is null", i));
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (batch[j].cache == batch[i].cache) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("Decode: batch[%d] and batch[%d] share a cache", j, i));
-      }
-    }
-    segs.push_back({std::span<const int32_t>(&batch[i].token, 1), batch[i].cache, batch[i].logits,
-                    batch[i].position_mass});
+  for (const DecodeRequest& r : batch) {
+    segs.push_back({std::span<const int32_t>(&r.token, 1), r.cache, r.logits, r.position_mass});
   }
   return Forward(segs);
 }
@@ -193,11 +222,7 @@ absl::Status Model::RunAttention(uint32_t layer, std::span<const Segment> segmen
   for (size_t s = 0; s < segments.size(); ++s) {
     const Segment& seg = segments[s];
     const uint32_t n = static_cast<uint32_t>(seg.tokens.size());
-    if (seg.cache->Length(layer) != starts[s]) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("cache of segment %d has %d positions in layer %d, %d in layer 0", s,
-                          seg.cache->Length(layer), layer, starts[s]));
-    }
+    RETURN_IF_ERROR(CheckLayerLength(*seg.cache, layer, starts[s], s));
     RETURN_IF_ERROR(seg.cache->Append(layer, k + off * kvd, v + off * kvd, n));
     const uint32_t len = starts[s] + n;
     float* m = nullptr;
@@ -226,17 +251,7 @@ absl::Status Model::Forward(std::span<const Segment> segments) {
   for (size_t s = 0; s < segments.size(); ++s) {
     const Segment& seg = segments[s];
     starts.push_back(seg.cache->Length(0));
-    if (starts.back() + seg.tokens.size() > c.context_length) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sequence of %d cached + %d new tokens exceeds the context length %d",
-                          starts.back(), seg.tokens.size(), c.context_length));
-    }
-    for (int32_t t : seg.tokens) {
-      if (t < 0 || t >= static_cast<int32_t>(c.vocab_size)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("token id %d out of vocabulary [0, %d)", t, c.vocab_size));
-      }
-    }
+    RETURN_IF_ERROR(CheckPass(c, starts.back(), seg.tokens));
     total += seg.tokens.size();
   }
   if (total == 0) return absl::OkStatus();

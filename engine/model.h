@@ -55,6 +55,17 @@ struct DecodeRequest {
   std::vector<float>* position_mass = nullptr;
 };
 
+// Checks one forward pass of `tokens` after `cached` positions before any cache is touched:
+// ids in the vocabulary, cached + new within the context length (INVALID_ARGUMENT). Shared by
+// every device's forward pass.
+absl::Status CheckPass(const ModelConfig& config, uint32_t cached, std::span<const int32_t> tokens);
+// A pass's caches advance layer by layer: FAILED_PRECONDITION unless `cache` holds `start`
+// positions in `layer` (what it held in layer 0 when the pass began).
+absl::Status CheckLayerLength(const worker::AttentionCache& cache, uint32_t layer, uint32_t start,
+                              size_t segment);
+// A decode batch: every request has a cache and no two share one (INVALID_ARGUMENT).
+absl::Status CheckDecodeBatch(std::span<const DecodeRequest> batch);
+
 // Immutable weights plus a thread pool. Thread-compatible: one forward call at a time.
 class Model {
  public:
@@ -71,6 +82,8 @@ class Model {
   KernelIsa isa() const { return isa_; }
   // The attention geometry a cache for this model must have (scale 1/sqrt(head_dim)).
   worker::AttentionShape attention_shape() const;
+  // RoPE inverse frequencies base^(-2i/head_dim), i < head_dim / 2, in double.
+  std::span<const double> rope_inv_freq() const { return inv_freq_; }
 
   // Runs all `tokens` of one sequence in one batched pass (matrix-matrix), appending their
   // K/V to `cache` after what it already holds; writes the last token's logits when

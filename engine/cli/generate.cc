@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status/status_macros.h"
+#include "engine/cli/open_device.h"
 #include "engine/sampler.h"
 #include "worker/runtime/report_json.h"
 #include "worker/runtime/worker_runtime.h"
@@ -53,7 +54,42 @@ std::string MiB(double bytes) { return absl::StrFormat("%.2f MiB", bytes / (1 <<
 
 }  // namespace
 
+absl::StatusOr<DeviceSetup> SetUpDevice(Model& model, const GenerateOptions& options) {
+  RETURN_IF_ERROR(Validate(options));
+  DeviceSetup setup;
+  ASSIGN_OR_RETURN(setup.forward, OpenForwardPass(model, options.device));
+  const bool cuda = options.device == Device::kCuda;
+  v1::HostLink link;
+  link.set_link_id(options.link_id);
+  link.set_link_bytes_per_second(options.link_gbps * 1e9);
+  link.set_staging_bytes(options.staging_mib << 20);
+  worker::RuntimeOptions runtime_options{.attention = model.attention_shape(),
+                                         .page_tokens = options.page_tokens,
+                                         .codec = options.codec,
+                                         .daemon_address = options.daemon_address,
+                                         .worker_name = "kvtier-run",
+                                         .link = link};
+  runtime_options.backend = cuda ? worker::StoreBackend::kCuda : worker::StoreBackend::kHost;
+  runtime_options.cuda_stream = setup.forward->cuda_stream();
+  absl::StatusOr<std::unique_ptr<worker::WorkerRuntime>> runtime =
+      worker::WorkerRuntime::Create(runtime_options);
+  if (cuda && runtime.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device cuda: ", runtime.status().message()));
+  }
+  if (!runtime.ok()) return runtime.status();
+  setup.runtime = *std::move(runtime);
+  return setup;
+}
+
 absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& options,
+                                        const std::function<void(const std::string&)>& on_text) {
+  ASSIGN_OR_RETURN(DeviceSetup setup, SetUpDevice(model, options));
+  return Generate(model, setup, options, on_text);
+}
+
+absl::StatusOr<GenerateResult> Generate(Model& model, DeviceSetup& setup,
+                                        const GenerateOptions& options,
                                         const std::function<void(const std::string&)>& on_text) {
   RETURN_IF_ERROR(Validate(options));
   const Tokenizer& tokenizer = model.tokenizer();
@@ -68,17 +104,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("the prompt is ", prompt.size(), " tokens; the model's context is ", context));
   }
-  v1::HostLink link;
-  link.set_link_id(options.link_id);
-  link.set_link_bytes_per_second(options.link_gbps * 1e9);
-  link.set_staging_bytes(options.staging_mib << 20);
-  ASSIGN_OR_RETURN(auto runtime,
-                   worker::WorkerRuntime::Create({.attention = model.attention_shape(),
-                                                  .page_tokens = options.page_tokens,
-                                                  .codec = options.codec,
-                                                  .daemon_address = options.daemon_address,
-                                                  .worker_name = "kvtier-run",
-                                                  .link = link}));
+  ForwardPass& forward = *setup.forward;
   worker::SequenceOptions seq_options;
   seq_options.policy = options.policy;
   seq_options.prompt_tokens = prompt.size();
@@ -86,7 +112,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& opt
   seq_options.tiering.budgets = {.evict_ratio = options.evict_ratio,
                                  .hbm_ratio = options.hbm_ratio,
                                  .compress_ratio = options.compress_ratio};
-  ASSIGN_OR_RETURN(auto seq, runtime->Open(seq_options));
+  ASSIGN_OR_RETURN(auto seq, setup.runtime->Open(seq_options));
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create({.temperature = options.temperature,
                                                      .top_p = options.top_p,
                                                      .seed = options.seed}));
@@ -94,7 +120,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& opt
   result.prompt_tokens = prompt.size();
   std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(model.Prefill(prompt, *seq, &logits));
+  RETURN_IF_ERROR(forward.Prefill(prompt, *seq, &logits));
   result.prefill_seconds = Seconds(t0);
 
   auto t1 = std::chrono::steady_clock::now();
@@ -123,7 +149,7 @@ absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& opt
     }
     DecodeRequest request{.token = token, .cache = seq.get(), .logits = &logits};
     const auto step_start = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(model.Decode({&request, 1}));
+    RETURN_IF_ERROR(forward.Decode({&request, 1}));
     step_ms.push_back(1e3 * Seconds(step_start));
   }
   result.decode_seconds = Seconds(t1);

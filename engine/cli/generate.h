@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/forward_pass.h"
 #include "engine/model.h"
 #include "worker/runtime/tiered_sequence.h"
+#include "worker/runtime/worker_runtime.h"
 
 namespace kvtier::engine {
 
@@ -30,6 +32,14 @@ struct GenerateOptions {
   float temperature = 0.f;  // 0 = greedy
   float top_p = 1.f;
   uint64_t seed = 0;
+  Device device = Device::kCpu;  // cuda: the CUDA engine over the store's CUDA backend
+};
+
+// The device half of a run: the forward pass and the runtime its sequences come from (on cuda,
+// StoreBackend::kCuda on the pass's stream).
+struct DeviceSetup {
+  std::unique_ptr<ForwardPass> forward;
+  std::unique_ptr<worker::WorkerRuntime> runtime;
 };
 
 struct GenerateResult {
@@ -45,9 +55,18 @@ struct GenerateResult {
   std::string stop_reason;  // "eos" | "max_new_tokens" | "context"
 };
 
-// Runs the prompt; `on_text` (optional) receives each newly decoded piece of text as it is
-// produced. INVALID_ARGUMENT naming the flag for impossible ratios or an empty prompt, or when
-// the prompt does not fit the context.
+// Opens the forward pass on options.device and the runtime. FAILED_PRECONDITION naming --device
+// when this build or machine cannot serve it (no CUDA, no device, no CUDA store backend);
+// UNAVAILABLE when kvtierd cannot be reached.
+absl::StatusOr<DeviceSetup> SetUpDevice(Model& model, const GenerateOptions& options);
+
+// Runs the prompt on `setup`; `on_text` (optional) receives each newly decoded piece of text as
+// it is produced. INVALID_ARGUMENT naming the flag for impossible ratios or an empty prompt, or
+// when the prompt does not fit the context.
+absl::StatusOr<GenerateResult> Generate(Model& model, DeviceSetup& setup,
+                                        const GenerateOptions& options,
+                                        const std::function<void(const std::string&)>& on_text);
+// SetUpDevice, then Generate.
 absl::StatusOr<GenerateResult> Generate(Model& model, const GenerateOptions& options,
                                         const std::function<void(const std::string&)>& on_text);
 

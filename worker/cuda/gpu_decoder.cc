@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cublas_status.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/kernels/cuda/model_ops.h"
 #include "worker/kernels/cuda/paged_attention.h"
@@ -13,19 +14,6 @@ namespace kvtier::worker::cuda {
 namespace kc = kernels::cuda;
 
 namespace {
-
-absl::Status CublasStatus(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(s)));
-}
-
-#define KVTIER_CUBLAS_RETURN_IF_ERROR(expr)          \
-  do {                                               \
-    const cublasStatus_t kvtier_cublas_s_ = (expr);  \
-    if (kvtier_cublas_s_ != CUBLAS_STATUS_SUCCESS) { \
-      return CublasStatus(kvtier_cublas_s_, #expr);  \
-    }                                                \
-  } while (0)
 
 uint64_t PageSeed(uint64_t seed, uint64_t seq, uint64_t page) {
   return seed * 0x100000001B3ull + (seq << 32) + page;
