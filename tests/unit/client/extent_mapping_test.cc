@@ -9,11 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "daemon/kvtierd/channel_server.h"
-#include "daemon/pool_backend.h"
 #include "gtest/gtest.h"
-#include "tests/support/fake_cuda_driver.h"
-#include "tests/unit/daemon/core_test_util.h"
+#include "tests/unit/client/fake_vmm_daemon.h"
 
 namespace kvtier::internal {
 namespace {
@@ -24,23 +21,11 @@ namespace dt = ::kvtier::daemon::testing;
 class ExtentMappingTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    options_ = dt::SmallOptions(32ull << 20, 32ull << 20);
-    options_.pool_backend = GetParam();
-    ASSERT_TRUE(daemon::ResolvePoolBackend(&options_, [] {
-                  return edge::cuda::Driver::FromTable(FakeCudaDriver::Table());
-                }).ok());
-    env_ = std::make_unique<dt::Env>(options_);
-    ASSERT_NE(env_->core, nullptr);
-    path_ = absl::StrCat(::testing::TempDir(), "/em-", getpid(), ".mem");
-    auto listener = edge::ListenChannel(path_, 0600, static_cast<gid_t>(-1));
-    ASSERT_TRUE(listener.ok()) << listener.status();
-    server_ = std::make_unique<daemon::ChannelServer>(*std::move(listener), env_->core.get(),
-                                                      [](const std::string&) {});
-    worker_ = std::make_unique<dt::SimWorker>(env_->core.get());
-  }
-  void TearDown() override {
-    server_.reset();
-    unlink(path_.c_str());
+    ASSERT_NO_FATAL_FAILURE(
+        daemon_.Start(GetParam(), absl::StrCat(::testing::TempDir(), "/em-", getpid(), ".mem")));
+    path_ = daemon_.channel_path;
+    options_ = daemon_.options;
+    worker_ = std::make_unique<dt::SimWorker>(daemon_.env->core.get());
   }
 
   // A plan that puts pages in the DDR pool, so that the worker holds extents there.
@@ -60,10 +45,9 @@ class ExtentMappingTest : public ::testing::TestWithParam<std::string> {
   }
 
   FakeCudaDriver fake_;  // first: outlives everything that calls it
+  testing::FakeVmmDaemon daemon_;
   daemon::CoreOptions options_;
-  std::unique_ptr<dt::Env> env_;
   std::string path_;
-  std::unique_ptr<daemon::ChannelServer> server_;
   std::unique_ptr<dt::SimWorker> worker_;
 };
 

@@ -7,13 +7,10 @@
 
 #include <string>
 
-#include "daemon/kvtierd/channel_server.h"
-#include "daemon/pool_backend.h"
 #include "daemon/service/service.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
-#include "tests/support/fake_cuda_driver.h"
-#include "tests/unit/daemon/core_test_util.h"
+#include "tests/unit/client/fake_vmm_daemon.h"
 
 namespace kvtier {
 namespace {
@@ -24,19 +21,9 @@ namespace dt = ::kvtier::daemon::testing;
 class WorkerClientVmmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    options_ = dt::SmallOptions(32ull << 20, 32ull << 20);
-    options_.pool_backend = "cuda_vmm";
-    ASSERT_TRUE(daemon::ResolvePoolBackend(&options_, [] {
-                  return edge::cuda::Driver::FromTable(FakeCudaDriver::Table());
-                }).ok());
-    env_ = std::make_unique<dt::Env>(options_);
-    ASSERT_NE(env_->core, nullptr);
     socket_ = absl::StrCat(::testing::TempDir(), "/wc-", getpid(), ".sock");
-    auto listener =
-        edge::ListenChannel(edge::ChannelPathFor(socket_), 0600, static_cast<gid_t>(-1));
-    ASSERT_TRUE(listener.ok()) << listener.status();
-    channel_ = std::make_unique<daemon::ChannelServer>(*std::move(listener), env_->core.get(),
-                                                       [](const std::string&) {});
+    ASSERT_NO_FATAL_FAILURE(daemon_.Start("cuda_vmm", edge::ChannelPathFor(socket_)));
+    env_ = daemon_.env.get();
     service_ = std::make_unique<daemon::KvTierService>(env_->core.get(), daemon::PolicyDefaults{});
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
@@ -46,9 +33,7 @@ class WorkerClientVmmTest : public ::testing::Test {
   }
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown();
-    channel_.reset();
     unlink(socket_.c_str());
-    unlink(edge::ChannelPathFor(socket_).c_str());
   }
 
   ClientOptions Client(v1::PoolMemory want) const {
@@ -67,11 +52,10 @@ class WorkerClientVmmTest : public ::testing::Test {
     return s.ok() ? s->workers() : 999;
   }
 
-  FakeCudaDriver fake_;
-  daemon::CoreOptions options_;
-  std::unique_ptr<dt::Env> env_;
+  FakeCudaDriver fake_;  // first: outlives the daemon
+  testing::FakeVmmDaemon daemon_;
+  dt::Env* env_ = nullptr;
   std::string socket_;
-  std::unique_ptr<daemon::ChannelServer> channel_;
   std::unique_ptr<daemon::KvTierService> service_;
   std::unique_ptr<grpc::Server> server_;
 };
