@@ -158,8 +158,6 @@ class VmmCoreTest : public ::testing::Test {
   std::unique_ptr<testing::Env> env_;
 };
 
-// Memfds take seals; exported allocations of the fake are memfds too, so tell them apart by the
-// fake's count of created allocations.
 TEST_F(VmmCoreTest, DescriptorsSayCudaVmmAndGrantsAreExportedAllocations) {
   testing::SimWorker w(env_->core.get());
   for (const v1::PoolDescriptor& d : w.registration().pools()) {
@@ -196,7 +194,8 @@ TEST_F(VmmCoreTest, AWorkerAskingForMemfdGetsMemfdPools) {
   std::vector<edge::UniqueFd> fds;
   ASSERT_TRUE(env_->core->FetchExtents(testing::SelfPeer(), f, &fds).ok());
   ASSERT_GE(fds.size(), 2u);
-  EXPECT_GE(fcntl(fds[1].get(), F_GET_SEALS), 0);  // a sealed memfd, not an exported allocation
+  // A daemon memfd extent is sealed against growing; the fake's exported allocations are unsealed
+  // memfds, so the seal tells them apart.
   EXPECT_NE(fcntl(fds[1].get(), F_GET_SEALS) & F_SEAL_GROW, 0);
 }
 
