@@ -89,8 +89,12 @@ uint64_t EffectiveExtentBytes(uint64_t configured, uint64_t capacity) {
 
 namespace {
 
-void FillPool(const WorkerMemory& memory, layout::PoolKind kind, v1::PoolDescriptor* d) {
+void FillPool(const WorkerMemory& memory, layout::PoolKind kind, int numa_node,
+              v1::PoolDescriptor* d) {
   d->set_kind(WireKind(kind));
+  const bool vmm = memory.memory() == ExtentMemory::kCudaVmm;
+  d->set_memory(vmm ? v1::POOL_MEMORY_CUDA_VMM : v1::POOL_MEMORY_MEMFD);
+  d->set_numa_node(vmm ? numa_node : 0);
   d->set_size_bytes(memory.max_extents() * memory.extent_bytes());
   d->set_data_offset(0);
   d->set_abi_version(layout::kPoolAbiVersion);
@@ -127,9 +131,11 @@ DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics
   for (layout::PoolKind kind : {layout::PoolKind::kDdr, layout::PoolKind::kCompressed}) {
     const bool ddr = kind == layout::PoolKind::kDdr;
     const uint64_t capacity = ddr ? options.ddr_pool_bytes : options.compressed_pool_bytes;
+    ExtentSource source{options.pool_memory[ddr ? 0 : 1], options.extent_dir, options.cuda.get(),
+                        options.pinned_numa_node};
     pools_[ddr ? 0 : 1] = std::make_unique<PoolBudget>(
         kind, capacity, EffectiveExtentBytes(options.extent_bytes, capacity),
-        absl::StrCat(label, ddr ? "-ddr" : "-cmp"), options.extent_dir);
+        absl::StrCat(label, ddr ? "-ddr" : "-cmp"), std::move(source));
   }
   absl::MutexLock lock(&mu_);
   UpdateGaugesLocked();
@@ -348,7 +354,27 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterWorker(
   return Count(Metrics::Rpc::kRegisterWorker, RegisterLocked(request));
 }
 
-absl::Status DaemonCoreImpl::CreateMemoryLocked(WorkerRec& w) {
+absl::StatusOr<std::array<ExtentMemory, 2>> DaemonCoreImpl::MemoryFor(v1::PoolMemory want) const {
+  std::array<ExtentMemory, 2> memory;
+  for (int i = 0; i < 2; ++i) {
+    memory[i] = pools_[i]->memory();
+    if (want == v1::POOL_MEMORY_MEMFD) memory[i] = ExtentMemory::kMemfd;
+    if (want == v1::POOL_MEMORY_CUDA_VMM && memory[i] != ExtentMemory::kCudaVmm) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool_memory CUDA_VMM: the ", i == 0 ? "DDR" : "compressed",
+                       " pool is memfd here (pools.backend = \"", options_.pool_backend,
+                       "\"; kvtierd's start-up log says why)"));
+    }
+  }
+  if (want != v1::POOL_MEMORY_UNSPECIFIED && want != v1::POOL_MEMORY_MEMFD &&
+      want != v1::POOL_MEMORY_CUDA_VMM) {
+    return Invalid("pool_memory", absl::StrCat(static_cast<int>(want), " is not a PoolMemory"));
+  }
+  return memory;
+}
+
+absl::Status DaemonCoreImpl::CreateMemoryLocked(WorkerRec& w,
+                                                const std::array<ExtentMemory, 2>& memory) {
   for (int i = 0; i < 2; ++i) {
     PoolBudget& budget = *pools_[i];
     // The whole budget, whatever the quota: quotas are checked per grant in bytes and may be
@@ -359,7 +385,8 @@ absl::Status DaemonCoreImpl::CreateMemoryLocked(WorkerRec& w) {
                                static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
     ASSIGN_OR_RETURN(Extent sealed,
                      Extent::CreateSealedHeader(absl::StrCat(budget.label(), "-header"), header));
-    w.memory[i] = std::make_unique<WorkerMemory>(&budget, i, max_extents, std::move(sealed));
+    w.memory[i] =
+        std::make_unique<WorkerMemory>(&budget, i, max_extents, std::move(sealed), memory[i]);
   }
   return absl::OkStatus();
 }
@@ -393,6 +420,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
                                   pools_[i]->extent_bytes(), " bytes; pools.extent_mib)"));
     }
   }
+  ASSIGN_OR_RETURN(const auto memory, MemoryFor(r.pool_memory()));
   if (workers_.size() >= options_.max_workers) {
     return absl::ResourceExhaustedError(
         absl::StrCat("max_workers (", options_.max_workers, ") reached"));
@@ -403,7 +431,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   WorkerRec w;
   w.id = next_worker_id_;
   ASSIGN_OR_RETURN(w.secret, edge::NewSecret());
-  RETURN_IF_ERROR(CreateMemoryLocked(w));
+  RETURN_IF_ERROR(CreateMemoryLocked(w, memory));
   tickets_.erase(r.channel_ticket());
   ++next_worker_id_;
   w.peer = ticket.peer;
@@ -423,7 +451,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   resp.set_daemon_epoch(epoch_);
   resp.set_max_snapshot_entries(options_.max_snapshot_entries);
   resp.set_max_message_bytes(edge::MaxSnapshotBytes(options_.max_snapshot_entries));
-  for (int i = 0; i < 2; ++i) FillPool(*w.memory[i], pools_[i]->kind(), resp.add_pools());
+  for (int i = 0; i < 2; ++i) {
+    FillPool(*w.memory[i], pools_[i]->kind(), options_.pinned_numa_node, resp.add_pools());
+  }
   workers_.emplace(w.id, std::move(w));
   UpdateGaugesLocked();
   return resp;
@@ -759,6 +789,11 @@ absl::Status ValidateOptions(const CoreOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("extent_bytes must be >= ", kMinPool, ", got ", o.extent_bytes));
   }
+  for (ExtentMemory m : o.pool_memory) {
+    if (m == ExtentMemory::kCudaVmm && o.cuda == nullptr) {
+      return absl::InvalidArgumentError("a CUDA VMM pool needs the driver (CoreOptions.cuda)");
+    }
+  }
   if (o.lease_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease_ttl must be positive");
   }
@@ -801,9 +836,11 @@ absl::Status ProbeExtents(const CoreOptions& o) {
                        "and pools.compressed_mib"));
     }
   }
-  for (uint64_t capacity : {o.ddr_pool_bytes, o.compressed_pool_bytes}) {
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t capacity = i == 0 ? o.ddr_pool_bytes : o.compressed_pool_bytes;
     const uint64_t bytes = internal::EffectiveExtentBytes(o.extent_bytes, capacity);
-    absl::StatusOr<Extent> probe = Extent::Create("kvtier-probe", bytes, o.extent_dir);
+    const ExtentSource source{o.pool_memory[i], o.extent_dir, o.cuda.get(), o.pinned_numa_node};
+    absl::StatusOr<Extent> probe = Extent::Make("kvtier-probe", bytes, source);
     if (!probe.ok()) {
       return absl::Status(probe.status().code(),
                           absl::StrCat("cannot create pool extents: ", probe.status().message()));

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,6 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/clock/clock.h"
+#include "daemon/extent.h"
+#include "edge/cuda_driver.h"
 #include "edge/memory_channel.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -41,6 +44,14 @@ struct CoreOptions {
   uint64_t extent_bytes = 16ull << 20;
   // "" = memfd extents; otherwise a tmpfs directory for unnamed (O_TMPFILE) extents.
   std::string extent_dir;
+  // pools.backend and pools.numa_node as configured (-1 = nearest the GPUs). kvtierd resolves
+  // them at start (daemon/pool_backend.h) into pool_memory and cuda, which the core uses as
+  // given: memfd unless a pool is kCudaVmm, which needs `cuda`.
+  std::string pool_backend = "auto";
+  int numa_node = -1;
+  std::array<ExtentMemory, 2> pool_memory = {ExtentMemory::kMemfd, ExtentMemory::kMemfd};
+  std::shared_ptr<const edge::cuda::Driver> cuda;
+  int pinned_numa_node = 0;            // where CUDA VMM pools are pinned
   std::string shm_prefix = "/kvtier";  // labels the extents (/proc/PID/maps shows memfd:LABEL)
   std::string shm_group;               // group owning the sockets ("" = process gid)
   uint32_t shm_mode = 0660;

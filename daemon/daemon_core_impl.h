@@ -240,7 +240,11 @@ class DaemonCoreImpl final : public DaemonCore {
                                                std::vector<edge::UniqueFd>* fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Creates the worker's memory of both pools (sealed headers; extents come on demand).
-  absl::Status CreateMemoryLocked(WorkerRec& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each pool's memory for a worker that asked for `want` (RegisterWorkerRequest.pool_memory).
+  absl::StatusOr<std::array<ExtentMemory, 2>> MemoryFor(v1::PoolMemory want) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CreateMemoryLocked(WorkerRec& w, const std::array<ExtentMemory, 2>& memory)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The unexpired ticket `t` (consumed when `consume`); PERMISSION_DENIED naming `field`.
   absl::StatusOr<Ticket> RedeemTicketLocked(const std::string& t, bool consume,
                                             absl::string_view field)

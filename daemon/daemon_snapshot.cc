@@ -404,6 +404,8 @@ std::array<uint32_t, 2> DaemonCoreImpl::ExtentsToMakeLocked(const SequenceRec& s
                             layout::kSlotAlignment * layout::kSlotAlignment;
       need[p] = std::min(need[p], (quota - std::min(quota, w.pool_bytes[p])) / slot);
     }
+    // Spares are of the pool's memory: a worker that asked for memfd gets its extents made.
+    if (w.memory[p]->memory() != budget.memory()) continue;
     const uint64_t wanted = w.memory[p]->ExtentsWanted(need[p], w.page_bytes[p]);
     while (budget.ready_spares() + make[p] < wanted && budget.CanReserve()) {
       budget.BeginSpare();
@@ -414,8 +416,8 @@ std::array<uint32_t, 2> DaemonCoreImpl::ExtentsToMakeLocked(const SequenceRec& s
 }
 
 bool DaemonCoreImpl::MakeSpare(PoolBudget& budget) {
-  // Label, size and directory never change after construction.
-  absl::StatusOr<Extent> made = Extent::Create(budget.label(), budget.extent_bytes(), budget.dir());
+  // What MakeExtent reads never changes after construction.
+  absl::StatusOr<Extent> made = budget.MakeExtent(budget.memory());
   const bool ok = made.ok();
   absl::MutexLock lock(&mu_);
   budget.EndSpare(std::move(made));

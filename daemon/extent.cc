@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "edge/cuda_vmm.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -54,6 +55,16 @@ absl::StatusOr<Extent> Extent::Create(const std::string& label, uint64_t bytes,
     return Errno("seal extent", errno);
   }
   return Extent(*std::move(fd), bytes);
+}
+
+absl::StatusOr<Extent> Extent::Make(const std::string& label, uint64_t bytes,
+                                    const ExtentSource& source) {
+  if (source.memory == ExtentMemory::kMemfd) return Create(label, bytes, source.dir);
+  if (source.cuda == nullptr) return absl::InternalError("CUDA VMM extent without a driver");
+  absl::StatusOr<edge::UniqueFd> fd =
+      edge::cuda::CreateExportedHostAllocation(*source.cuda, bytes, source.numa_node);
+  if (!fd.ok()) return fd.status();
+  return Extent(*std::move(fd), bytes, ExtentMemory::kCudaVmm);
 }
 
 absl::StatusOr<Extent> Extent::CreateSealedHeader(const std::string& label,

@@ -8,15 +8,21 @@
 namespace kvtier::daemon {
 
 PoolBudget::PoolBudget(layout::PoolKind kind, uint64_t capacity, uint64_t extent_bytes,
-                       std::string label, std::string dir)
+                       std::string label, ExtentSource source)
     : kind_(kind),
       capacity_(capacity),
       extent_bytes_(extent_bytes),
       label_(std::move(label)),
-      dir_(std::move(dir)) {}
+      source_(std::move(source)) {}
 
-absl::StatusOr<Extent> PoolBudget::Take() {
-  if (!spares_.empty()) {
+absl::StatusOr<Extent> PoolBudget::MakeExtent(ExtentMemory memory) const {
+  ExtentSource source = source_;
+  source.memory = memory;
+  return Extent::Make(label_, extent_bytes_, source);
+}
+
+absl::StatusOr<Extent> PoolBudget::Take(ExtentMemory memory) {
+  if (!spares_.empty() && memory == source_.memory) {
     Extent e = std::move(spares_.back());
     spares_.pop_back();
     return e;
@@ -27,7 +33,7 @@ absl::StatusOr<Extent> PoolBudget::Take() {
         kind_ == layout::PoolKind::kDdr ? "DDR" : "compressed", " budget full: ", extents_out(),
         " extents of ", extent_bytes_, " bytes out of ", capacity_));
   }
-  absl::StatusOr<Extent> extent = Extent::Create(label_, extent_bytes_, dir_);
+  absl::StatusOr<Extent> extent = MakeExtent(memory);
   Note(extent.status());
   if (!extent.ok()) return extent.status();
   reserved_ += extent_bytes_;
@@ -40,9 +46,14 @@ void PoolBudget::Note(const absl::Status& made) {
     return;
   }
   // The extent size in force (pools.extent_mib, capped at a sixteenth of the budget).
-  last_failure_ =
-      absl::StrCat(made.message(), "; extents of ", extent_bytes_, " bytes (pools.extent_mib), ",
-                   dir_.empty() ? "memfd" : absl::StrCat("pools.extent_dir = \"", dir_, "\""));
+  std::string memory = "memfd";
+  if (source_.memory == ExtentMemory::kCudaVmm) {
+    memory = absl::StrCat("CUDA VMM pinned on host NUMA node ", source_.numa_node);
+  } else if (!source_.dir.empty()) {
+    memory = absl::StrCat("pools.extent_dir = \"", source_.dir, "\"");
+  }
+  last_failure_ = absl::StrCat(made.message(), "; extents of ", extent_bytes_,
+                               " bytes (pools.extent_mib), ", memory);
 }
 
 void PoolBudget::Return(uint64_t bytes) { reserved_ -= bytes; }
@@ -57,8 +68,13 @@ void PoolBudget::EndSpare(absl::StatusOr<Extent> extent) {
   }
 }
 
-WorkerMemory::WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header)
-    : budget_(budget), tag_(tag), max_extents_(max_extents), header_(std::move(header)) {}
+WorkerMemory::WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header,
+                           ExtentMemory memory)
+    : budget_(budget),
+      tag_(tag),
+      max_extents_(max_extents),
+      memory_(memory),
+      header_(std::move(header)) {}
 
 WorkerMemory::~WorkerMemory() {
   for (const auto& held : extents_) budget_->Return(held->extent.bytes());
@@ -72,7 +88,7 @@ absl::StatusOr<Slot> WorkerMemory::Allocate(uint64_t bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("worker holds its most extents (", max_extents_, ")"));
   }
-  ASSIGN_OR_RETURN(Extent extent, budget_->Take());
+  ASSIGN_OR_RETURN(Extent extent, budget_->Take(memory_));
   const uint64_t base = extents_.size() * budget_->extent_bytes();
   extents_.push_back(std::unique_ptr<Held>(
       new Held{std::move(extent), SlotAllocator(budget_->extent_bytes(), base, tag_)}));

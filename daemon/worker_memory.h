@@ -24,12 +24,20 @@ class PoolBudget {
  public:
   // `label` names the segments (visible in /proc/PID/maps); `dir` as in Extent::Create.
   PoolBudget(layout::PoolKind kind, uint64_t capacity, uint64_t extent_bytes, std::string label,
-             std::string dir);
+             std::string dir)
+      : PoolBudget(kind, capacity, extent_bytes, std::move(label), ExtentSource{.dir = dir}) {}
+  // Extents made from `source` (memfd or CUDA VMM); spares are always of that memory.
+  PoolBudget(layout::PoolKind kind, uint64_t capacity, uint64_t extent_bytes, std::string label,
+             ExtentSource source);
 
-  // An extent charged to the budget: a spare if one is ready, else a new one (slow: the memory is
-  // reserved now). RESOURCE_EXHAUSTED when the budget has no extent left or the memory cannot be
-  // reserved (a full tmpfs).
-  absl::StatusOr<Extent> Take();
+  // An extent of `memory` charged to the budget: a spare if one is ready, else a new one (slow:
+  // the memory is reserved now). RESOURCE_EXHAUSTED when the budget has no extent left or the
+  // memory cannot be reserved (a full tmpfs, memory the host cannot pin). Memfd extents of a
+  // CUDA VMM pool are for workers that asked for them (v1::RegisterWorkerRequest.pool_memory).
+  absl::StatusOr<Extent> Take(ExtentMemory memory);
+  absl::StatusOr<Extent> Take() { return Take(source_.memory); }
+  // A new extent of `memory`, not charged. Thread-safe (what it reads never changes).
+  absl::StatusOr<Extent> MakeExtent(ExtentMemory memory) const;
   // An extent's descriptor was closed.
   void Return(uint64_t bytes);
 
@@ -58,7 +66,9 @@ class PoolBudget {
   uint64_t reserved_bytes() const { return reserved_; }
   uint64_t extents_out() const { return reserved_ / extent_bytes_; }
   const std::string& label() const { return label_; }
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return source_.dir; }
+  ExtentMemory memory() const { return source_.memory; }
+  int numa_node() const { return source_.numa_node; }
   // Why the system last refused this pool an extent (a full tmpfs, a memory or file-size
   // limit: "reserve a 1 MiB extent in /dev/shm/x: No space left on device"); "" once an
   // extent was made again. Degraded plans quote it.
@@ -70,7 +80,8 @@ class PoolBudget {
   const layout::PoolKind kind_;
   const uint64_t capacity_;
   const uint64_t extent_bytes_;
-  const std::string label_, dir_;
+  const std::string label_;
+  const ExtentSource source_;
   uint64_t reserved_ = 0;
   std::vector<Extent> spares_;
   size_t making_ = 0;
@@ -81,8 +92,12 @@ class PoolBudget {
 // must be released before it is destroyed, which returns its extents to the budget.
 class WorkerMemory {
  public:
-  // `budget` must outlive this. `tag` labels the slots' allocators (the pool index).
-  WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header);
+  // `budget` must outlive this. `tag` labels the slots' allocators (the pool index). Every
+  // extent is of `memory` (the budget's unless the worker asked for memfd).
+  WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header)
+      : WorkerMemory(budget, tag, max_extents, std::move(header), budget->memory()) {}
+  WorkerMemory(PoolBudget* budget, int tag, uint64_t max_extents, Extent header,
+               ExtentMemory memory);
   WorkerMemory(const WorkerMemory&) = delete;
   WorkerMemory& operator=(const WorkerMemory&) = delete;
   ~WorkerMemory();
@@ -98,6 +113,7 @@ class WorkerMemory {
   uint32_t num_extents() const { return static_cast<uint32_t>(extents_.size()); }
   uint64_t max_extents() const { return max_extents_; }
   uint64_t extent_bytes() const { return budget_->extent_bytes(); }
+  ExtentMemory memory() const { return memory_; }
   int extent_fd(uint32_t i) const { return extents_[i]->extent.fd(); }
   int header_fd() const { return header_.fd(); }
   // Checks every extent's allocator.
@@ -111,6 +127,7 @@ class WorkerMemory {
   PoolBudget* const budget_;
   const int tag_;
   const uint64_t max_extents_;
+  const ExtentMemory memory_;
   Extent header_;
   std::vector<std::unique_ptr<Held>> extents_;  // stable addresses: slots point at allocators
 };

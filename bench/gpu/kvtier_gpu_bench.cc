@@ -7,22 +7,26 @@
 //      against `hierarchy` (beta 0.5, r 0.03), and the step-time model
 //      max(compute time, T1 bytes / measured H2D bandwidth).
 //   3. Bit-identity of `full` and `hierarchy` with r = 0 at this size.
-// Prints a markdown report (and writes it to --markdown when given).
+// Prints a markdown report section by section, flushed as each ends (and rewrites --markdown
+// after each); a failing section is reported with its error and the run goes on; the exit
+// status is 1 when any section failed.
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/gpu/bandwidth.h"
 #include "bench/gpu/decode_bench.h"
+#include "bench/gpu/section_report.h"
 #include "worker/cuda/gpu_decoder.h"
 #include "worker/cuda/synthetic_model.h"
 
@@ -49,11 +53,6 @@ struct Flags {
 
 const char* Verdict(bool ok) { return ok ? "**PASS**" : "**FAIL**"; }
 
-int Fail(const absl::Status& s, const char* what) {
-  std::cerr << "kvtier-gpu-bench: " << what << ": " << s << "\n";
-  return 1;
-}
-
 std::string DeviceLine() {
   int dev = 0;
   cudaDeviceProp p{};
@@ -65,6 +64,158 @@ std::string DeviceLine() {
   return absl::StrFormat("%s, %d SMs, %.1f GiB, compute %d.%d, runtime %d, driver %d", p.name,
                          p.multiProcessorCount, p.totalGlobalMem / 1073741824.0, p.major, p.minor,
                          rt, drv);
+}
+
+// What the sections measured, for the sections after them (unset: that section failed).
+struct Figures {
+  std::optional<BandwidthResult> bw;
+  std::unique_ptr<SyntheticModel> model;
+  std::optional<DecodeResult> decode[2][2];  // [batch index][mode]
+  std::optional<double> ratio[2], fit[2];
+  std::optional<bool> identical;
+};
+
+constexpr uint32_t kBatches[2] = {1, 8};
+
+absl::Status NeedsEarlier(const char* what) {
+  return absl::FailedPreconditionError(absl::StrCat("needs ", what, ", which failed above"));
+}
+
+absl::Status BandwidthSection(const Flags& f, Figures& fig, std::ostream& md) {
+  absl::StatusOr<BandwidthResult> bw = MeasureBandwidth(f.bw_mib << 20, f.reps);
+  if (!bw.ok()) return bw.status();
+  fig.bw = *bw;
+  md << "(" << f.bw_mib << " MiB per copy, median of " << f.reps << ")\n\n"
+     << "| path | H2D GB/s | D2H GB/s |\n|---|---|---|\n"
+     << absl::StrFormat("| pinned %s mapping (cudaHostRegister, 256 MiB chunks) | %.1f | %.1f |\n",
+                        bw->pool_kind, bw->shm_h2d_gbps, bw->shm_d2h_gbps)
+     << absl::StrFormat("| pinned mapping, 32 KiB blocks, one batched call | %.1f | |\n",
+                        bw->shm_h2d_blocks_gbps)
+     << absl::StrFormat("| cudaMallocHost (peak) | %.1f | %.1f |\n\n", bw->peak_h2d_gbps,
+                        bw->peak_d2h_gbps)
+     << absl::StrFormat("Pinning the mapping took %.3f s (%.2f s/GiB).\n\n", bw->pin_seconds,
+                        bw->pin_seconds / (f.bw_mib / 1024.0));
+  return absl::OkStatus();
+}
+
+DecoderOptions Decoder(const Flags& f, uint32_t batch, KvMode mode) {
+  DecoderOptions o;
+  o.batch = batch;
+  o.context_tokens = f.context;
+  o.max_new_tokens = f.warmup + f.steps;
+  o.mode = mode;
+  o.split.hbm_ratio = f.beta;
+  o.split.evict_ratio = f.evict;
+  o.staging_slots = f.staging_slots;
+  return o;
+}
+
+absl::Status DecodeSection(const Flags& f, Figures& fig, std::ostream& md) {
+  SyntheticModelConfig mc = SyntheticModelConfig::SevenBClass();
+  if (f.small) {
+    mc.num_layers = 4;
+    mc.hidden = 512;
+    mc.ffn = 1024;
+    mc.vocab = 4096;
+  }
+  absl::StatusOr<std::unique_ptr<SyntheticModel>> model = SyntheticModel::Create(mc);
+  if (!model.ok()) return model.status();
+  fig.model = *std::move(model);
+  md << absl::StrFormat(
+      "(synthetic model: %u layers, %u/%u heads, head_dim %u, hidden %u, ffn %u, vocab %u, bf16, "
+      "%.2f GB of weights; %u cached tokens per sequence, %d timed steps)\n\n",
+      mc.num_layers, mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.hidden, mc.ffn, mc.vocab,
+      fig.model->weight_bytes() / 1e9, f.context, f.steps);
+  md << "| batch | mode | step ms | tok/s | T0 pages/seq | T1 pages/seq | evicted/seq | T1 MB/step "
+        "(H2D) | write-back MB (D2H, whole run) |\n|---|---|---|---|---|---|---|---|---|\n";
+  for (int bi = 0; bi < 2; ++bi) {
+    for (KvMode mode : {KvMode::kFull, KvMode::kHierarchy}) {
+      const DecoderOptions o = Decoder(f, kBatches[bi], mode);
+      absl::StatusOr<DecodeResult> r = RunDecode(*fig.model, o, f.warmup, f.steps);
+      if (!r.ok()) {
+        return absl::Status(
+            r.status().code(),
+            absl::StrCat("batch ", o.batch, " ", mode == KvMode::kFull ? "full" : "hierarchy", ": ",
+                         r.status().message()));
+      }
+      fig.decode[bi][static_cast<int>(mode)] = *r;
+      md << absl::StrFormat("| %u | %s | %.3f | %.1f | %u | %u | %u | %.1f | %.1f |\n", o.batch,
+                            mode == KvMode::kFull ? "full" : "hierarchy", r->step_ms,
+                            r->tokens_per_s, r->stats.t0_pages_per_seq, r->stats.t1_pages_per_seq,
+                            r->stats.evicted_pages_per_seq, r->t1_bytes_per_step / 1e6,
+                            r->stats.write_back_d2h_bytes / 1e6);
+    }
+  }
+  md << "\n";
+  return absl::OkStatus();
+}
+
+// Compute time is the full step (no copies); the copies hide under it while T1 bytes / H2D
+// bandwidth stays below it.
+absl::Status StepModelSection(Figures& fig, std::ostream& md) {
+  if (!fig.bw) return NeedsEarlier("the copy bandwidth");
+  md << "| batch | compute ms (full step) | T1 bytes / H2D ms | model ms | measured ms | "
+        "measured / model | hierarchy / full tok/s |\n|---|---|---|---|---|---|---|\n";
+  for (int bi = 0; bi < 2; ++bi) {
+    if (!fig.decode[bi][0] || !fig.decode[bi][1]) continue;  // the decode section says why
+    const DecodeResult& full = *fig.decode[bi][0];
+    const DecodeResult& tier = *fig.decode[bi][1];
+    const double copy_ms = tier.t1_bytes_per_step / (fig.bw->shm_h2d_gbps * 1e9) * 1e3;
+    const double model_ms = std::max(full.step_ms, copy_ms);
+    fig.fit[bi] = tier.step_ms / model_ms;
+    fig.ratio[bi] = tier.tokens_per_s / full.tokens_per_s;
+    md << absl::StrFormat("| %u | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", kBatches[bi],
+                          full.step_ms, copy_ms, model_ms, tier.step_ms, *fig.fit[bi],
+                          *fig.ratio[bi]);
+  }
+  md << "\n";
+  if (!fig.fit[0] && !fig.fit[1]) return NeedsEarlier("the decode runs");
+  return absl::OkStatus();
+}
+
+// r = 0, two steps, batch 1.
+absl::Status BitIdentitySection(const Flags& f, Figures& fig, std::ostream& md) {
+  if (fig.model == nullptr) return NeedsEarlier("the model");
+  DecoderOptions o = Decoder(f, 1, KvMode::kFull);
+  o.max_new_tokens = 2;
+  o.split.evict_ratio = 0;
+  absl::StatusOr<DecodeResult> a = RunDecode(*fig.model, o, 0, 2);
+  if (!a.ok()) return a.status();
+  o.mode = KvMode::kHierarchy;
+  absl::StatusOr<DecodeResult> b = RunDecode(*fig.model, o, 0, 2);
+  if (!b.ok()) return b.status();
+  fig.identical = a->logits == b->logits;
+  md << "full vs hierarchy (r = 0), batch 1, 2 steps: logits "
+     << (*fig.identical ? "bit-identical" : "DIFFERENT") << ".\n\n";
+  return absl::OkStatus();
+}
+
+// A target whose figure is missing is not met: the run cannot claim it.
+void Target(std::ostream& md, const std::string& what, const std::optional<std::string>& figure,
+            bool met) {
+  md << "| " << what << " | " << figure.value_or("not measured") << " | "
+     << Verdict(figure.has_value() && met) << " |\n";
+}
+
+absl::Status TargetsSection(const Figures& fig, std::ostream& md) {
+  md << "| target | measured | verdict |\n|---|---|---|\n";
+  const std::optional<double> h2d =
+      fig.bw ? std::optional<double>(fig.bw->shm_h2d_gbps / fig.bw->peak_h2d_gbps) : std::nullopt;
+  auto text = [](const std::optional<double>& v, const char* fmt, double scale) {
+    return v ? std::optional<std::string>(absl::StrFormat(fmt, *v * scale)) : std::nullopt;
+  };
+  Target(md, "H2D from the pinned pool >= 90% of cudaMemcpy pinned peak", text(h2d, "%.1f%%", 100),
+         h2d.value_or(0) >= 0.90);
+  Target(md, "batch 1: hierarchy >= 0.95x full tok/s", text(fig.ratio[0], "%.3fx", 1),
+         fig.ratio[0].value_or(0) >= 0.95);
+  Target(md, "batch 8: measured step within 10% of max(compute, T1/H2D)",
+         text(fig.fit[1], "%.3f", 1), std::fabs(fig.fit[1].value_or(0) - 1) <= 0.10);
+  Target(md, "full vs hierarchy (r = 0) logits bit-identical, batch 1, 2 steps",
+         fig.identical ? std::optional<std::string>(*fig.identical ? "identical" : "DIFFERENT")
+                       : std::nullopt,
+         fig.identical.value_or(false));
+  md << "\n";
+  return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
@@ -79,7 +230,7 @@ int Main(int argc, char** argv) {
   app.add_option("--bw-mib", f.bw_mib, "bytes per bandwidth copy, MiB");
   app.add_option("--reps", f.reps, "timed copies per bandwidth figure (median)");
   app.add_flag("--small", f.small, "a small model instead of the 7B-class one (smoke runs)");
-  app.add_option("--markdown", f.markdown, "also write the report to this file");
+  app.add_option("--markdown", f.markdown, "also write the report to this file (per section)");
   CLI11_PARSE(app, argc, argv);
 
   int devices = 0;
@@ -87,109 +238,17 @@ int Main(int argc, char** argv) {
     std::cerr << "kvtier-gpu-bench: no CUDA device\n";
     return 2;
   }
-  std::ostringstream md;
-  md << "## kvtier-gpu-bench\n\nDevice: " << DeviceLine() << "\n\n";
-
-  absl::StatusOr<BandwidthResult> bw = MeasureBandwidth(f.bw_mib << 20, f.reps);
-  if (!bw.ok()) return Fail(bw.status(), "bandwidth");
-  const double h2d_ratio = bw->shm_h2d_gbps / bw->peak_h2d_gbps;
-  md << "### Copy bandwidth (" << f.bw_mib << " MiB per copy, median of " << f.reps << ")\n\n"
-     << "| path | H2D GB/s | D2H GB/s |\n|---|---|---|\n"
-     << absl::StrFormat("| pinned %s mapping (cudaHostRegister, 256 MiB chunks) | %.1f | %.1f |\n",
-                        bw->pool_kind, bw->shm_h2d_gbps, bw->shm_d2h_gbps)
-     << absl::StrFormat("| pinned mapping, 32 KiB blocks, one batched call | %.1f | |\n",
-                        bw->shm_h2d_blocks_gbps)
-     << absl::StrFormat("| cudaMallocHost (peak) | %.1f | %.1f |\n\n", bw->peak_h2d_gbps,
-                        bw->peak_d2h_gbps)
-     << absl::StrFormat("Pinning the mapping took %.3f s (%.2f s/GiB).\n\n", bw->pin_seconds,
-                        bw->pin_seconds / (f.bw_mib / 1024.0));
-
-  SyntheticModelConfig mc = SyntheticModelConfig::SevenBClass();
-  if (f.small) {
-    mc.num_layers = 4;
-    mc.hidden = 512;
-    mc.ffn = 1024;
-    mc.vocab = 4096;
-  }
-  absl::StatusOr<std::unique_ptr<SyntheticModel>> model = SyntheticModel::Create(mc);
-  if (!model.ok()) return Fail(model.status(), "model");
-  md << absl::StrFormat(
-      "### Decode (synthetic model: %u layers, %u/%u heads, head_dim %u, hidden %u, ffn %u, "
-      "vocab %u, bf16, %.2f GB of weights; %u cached tokens per sequence, %d timed steps)\n\n",
-      mc.num_layers, mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.hidden, mc.ffn, mc.vocab,
-      (*model)->weight_bytes() / 1e9, f.context, f.steps);
-  md << "| batch | mode | step ms | tok/s | T0 pages/seq | T1 pages/seq | evicted/seq | T1 MB/step "
-        "(H2D) | write-back MB (D2H, whole run) |\n|---|---|---|---|---|---|---|---|---|\n";
-  DecodeResult results[2][2];
-  const uint32_t batches[2] = {1, 8};
-  for (int bi = 0; bi < 2; ++bi) {
-    for (KvMode mode : {KvMode::kFull, KvMode::kHierarchy}) {
-      DecoderOptions o;
-      o.batch = batches[bi];
-      o.context_tokens = f.context;
-      o.max_new_tokens = f.warmup + f.steps;
-      o.mode = mode;
-      o.split.hbm_ratio = f.beta;
-      o.split.evict_ratio = f.evict;
-      o.staging_slots = f.staging_slots;
-      absl::StatusOr<DecodeResult> r = RunDecode(**model, o, f.warmup, f.steps);
-      if (!r.ok()) return Fail(r.status(), "decode");
-      results[bi][static_cast<int>(mode)] = *r;
-      md << absl::StrFormat("| %u | %s | %.3f | %.1f | %u | %u | %u | %.1f | %.1f |\n", o.batch,
-                            mode == KvMode::kFull ? "full" : "hierarchy", r->step_ms,
-                            r->tokens_per_s, r->stats.t0_pages_per_seq, r->stats.t1_pages_per_seq,
-                            r->stats.evicted_pages_per_seq, r->t1_bytes_per_step / 1e6,
-                            r->stats.write_back_d2h_bytes / 1e6);
-    }
-  }
-  // Step-time model: compute time is the full step (no copies); the copies hide under it while
-  // T1 bytes / H2D bandwidth stays below it.
-  md << "\n### Step-time model: max(compute, T1 bytes / H2D)\n\n"
-     << "| batch | compute ms (full step) | T1 bytes / H2D ms | model ms | measured ms | "
-        "measured / model | hierarchy / full tok/s |\n|---|---|---|---|---|---|---|\n";
-  double ratio[2], fit[2];
-  for (int bi = 0; bi < 2; ++bi) {
-    const DecodeResult& full = results[bi][0];
-    const DecodeResult& tier = results[bi][1];
-    const double copy_ms = tier.t1_bytes_per_step / (bw->shm_h2d_gbps * 1e9) * 1e3;
-    const double model_ms = std::max(full.step_ms, copy_ms);
-    fit[bi] = tier.step_ms / model_ms;
-    ratio[bi] = tier.tokens_per_s / full.tokens_per_s;
-    md << absl::StrFormat("| %u | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", batches[bi],
-                          full.step_ms, copy_ms, model_ms, tier.step_ms, fit[bi], ratio[bi]);
-  }
-  // Zero-error check at this size: r = 0, two steps, batch 1.
-  DecoderOptions o;
-  o.batch = 1;
-  o.context_tokens = f.context;
-  o.max_new_tokens = 2;
-  o.split.hbm_ratio = f.beta;
-  o.split.evict_ratio = 0;
-  o.mode = KvMode::kFull;
-  absl::StatusOr<DecodeResult> a = RunDecode(**model, o, 0, 2);
-  o.mode = KvMode::kHierarchy;
-  absl::StatusOr<DecodeResult> b = RunDecode(**model, o, 0, 2);
-  if (!a.ok() || !b.ok()) return Fail(a.ok() ? b.status() : a.status(), "bit-identity run");
-  const bool identical = a->logits == b->logits;
-
-  md << "\n### Targets\n\n| target | measured | verdict |\n|---|---|---|\n"
-     << absl::StrFormat(
-            "| H2D from the pinned pool >= 90%% of cudaMemcpy pinned peak | %.1f%% | "
-            "%s |\n",
-            100 * h2d_ratio, Verdict(h2d_ratio >= 0.90))
-     << absl::StrFormat("| batch 1: hierarchy >= 0.95x full tok/s | %.3fx | %s |\n", ratio[0],
-                        Verdict(ratio[0] >= 0.95))
-     << absl::StrFormat(
-            "| batch 8: measured step within 10%% of max(compute, T1/H2D) | %.3f | "
-            "%s |\n",
-            fit[1], Verdict(std::fabs(fit[1] - 1) <= 0.10))
-     << absl::StrFormat(
-            "| full vs hierarchy (r = 0) logits bit-identical, batch 1, 2 steps | %s "
-            "| %s |\n",
-            identical ? "identical" : "DIFFERENT", Verdict(identical));
-  std::cout << md.str();
-  if (!f.markdown.empty()) std::ofstream(f.markdown) << md.str();
-  return 0;
+  SectionReport report(&std::cout, f.markdown);
+  report.Preamble(absl::StrCat("## kvtier-gpu-bench\n\nDevice: ", DeviceLine(), "\n\n"));
+  Figures fig;
+  report.Section("Copy bandwidth", [&](std::ostream& md) { return BandwidthSection(f, fig, md); });
+  report.Section("Decode", [&](std::ostream& md) { return DecodeSection(f, fig, md); });
+  report.Section("Step-time model: max(compute, T1 bytes / H2D)",
+                 [&](std::ostream& md) { return StepModelSection(fig, md); });
+  report.Section("Bit-identity at this size",
+                 [&](std::ostream& md) { return BitIdentitySection(f, fig, md); });
+  report.Section("Targets", [&](std::ostream& md) { return TargetsSection(fig, md); });
+  return report.Finish();
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ namespace kvtier {
 namespace {
 
 using internal::ExtentMapping;
+using DriverPtr = std::shared_ptr<const edge::cuda::Driver>;
 
 // While the daemon does not answer, heartbeats retry this often, so a session resumes within a
 // fraction of a second of the daemon coming back.
@@ -80,26 +81,79 @@ class WorkerClientImpl final : public WorkerClient {
     // Give the memory back now rather than when the lease runs out.
     v1::CloseWorkerRequest request;
     Sign(&request);
+    CloseSession(request);
+  }
+
+  void CloseSession(const v1::CloseWorkerRequest& request) {
     v1::CloseWorkerResponse response;
     if (!request.session_secret().empty()) {
       (void)Call(&v1::KvTier::Stub::CloseWorker, request, &response);
     }
   }
 
+  // Registers; where the daemon's CUDA VMM memory cannot be mapped here (no driver, a GPU that
+  // cannot import it), registers again asking for memfd pools, unless the worker required CUDA
+  // VMM (registration.pool_memory).
   absl::Status Register() {
+    const v1::PoolMemory asked = options_.registration.pool_memory();
+    std::string vmm_error;
+    absl::Status s = RegisterAs(FallenBack() ? v1::POOL_MEMORY_MEMFD : asked, &vmm_error);
+    if (s.ok() || vmm_error.empty() || asked == v1::POOL_MEMORY_CUDA_VMM) return s;
+    {
+      absl::MutexLock lock(&mu_);
+      fallback_reason_ = vmm_error;
+    }
+    return RegisterAs(v1::POOL_MEMORY_MEMFD, &vmm_error);
+  }
+
+  bool FallenBack() const {
+    absl::MutexLock lock(&mu_);
+    return !fallback_reason_.empty();
+  }
+
+  // The driver, loaded the first time a pool needs it (the load's error every time after).
+  absl::StatusOr<std::shared_ptr<const edge::cuda::Driver>> Cuda() {
+    absl::MutexLock lock(&mu_);
+    if (cuda_ == nullptr && cuda_error_.ok()) {
+      absl::StatusOr<std::unique_ptr<edge::cuda::Driver>> loaded =
+          edge::cuda::Driver::Load(options_.cuda_library);
+      if (loaded.ok()) {
+        cuda_ = *std::move(loaded);
+      } else {
+        cuda_error_ = loaded.status();
+      }
+    }
+    if (cuda_ == nullptr) return cuda_error_;
+    return cuda_;
+  }
+
+  // One registration asking for `want`. When a CUDA VMM pool cannot be reserved here,
+  // `vmm_error` says why and the new session is closed again.
+  absl::Status RegisterAs(v1::PoolMemory want, std::string* vmm_error) {
     ASSIGN_OR_RETURN(v1::ChannelReply hello, ChannelHello(options_.address));
     v1::RegisterWorkerRequest request = options_.registration;
     request.set_pid(getpid());
     request.set_channel_ticket(hello.ticket());
+    request.set_pool_memory(want);
     v1::RegisterWorkerResponse response;
     RETURN_IF_ERROR(Call(&v1::KvTier::Stub::RegisterWorker, request, &response));
     std::shared_ptr<ExtentMapping> ddr, compressed;
     for (const v1::PoolDescriptor& d : response.pools()) {
-      ASSIGN_OR_RETURN(std::shared_ptr<ExtentMapping> mapping,
-                       ExtentMapping::Reserve(d, response.worker_id(), response.daemon_epoch()));
+      const bool vmm = d.memory() == v1::POOL_MEMORY_CUDA_VMM;
+      absl::StatusOr<std::shared_ptr<ExtentMapping>> mapping =
+          ExtentMapping::Reserve(d, response.worker_id(), response.daemon_epoch(),
+                                 vmm ? Cuda() : absl::StatusOr<DriverPtr>(nullptr));
+      if (!mapping.ok() && vmm) {
+        *vmm_error = std::string(mapping.status().message());
+        v1::CloseWorkerRequest close;
+        close.set_worker_id(response.worker_id());
+        close.set_session_secret(response.session_secret());
+        CloseSession(close);
+      }
+      if (!mapping.ok()) return mapping.status();
       // Checks the sealed header before anything relies on the pool.
-      RETURN_IF_ERROR(mapping->Grow(0, channel_path_, response.session_secret()));
-      (d.kind() == v1::POOL_KIND_DDR ? ddr : compressed) = std::move(mapping);
+      RETURN_IF_ERROR((*mapping)->Grow(0, channel_path_, response.session_secret()));
+      (d.kind() == v1::POOL_KIND_DDR ? ddr : compressed) = *std::move(mapping);
     }
     if (ddr == nullptr || compressed == nullptr) {
       return absl::InternalError("kvtierd described no DDR or no compressed pool");
@@ -182,7 +236,7 @@ class WorkerClientImpl final : public WorkerClient {
     if (!mapped.ok()) {
       (void)AckPlan(plan.sequence_id(), plan.plan_version(), false,
                     absl::StrCat("cannot map the plan's extents: ", mapped.message()));
-      return mapped;
+      return FallBackIfVmmFailed(mapped);
     }
     return plan;
   }
@@ -215,6 +269,11 @@ class WorkerClientImpl final : public WorkerClient {
     v1::GetStatusResponse response;
     RETURN_IF_ERROR(Call(&v1::KvTier::Stub::GetStatus, request, &response));
     return response;
+  }
+
+  std::string pool_fallback_reason() const override {
+    absl::MutexLock lock(&mu_);
+    return fallback_reason_;
   }
 
   void ReportStepSeconds(double seconds) override {
@@ -253,6 +312,35 @@ class WorkerClientImpl final : public WorkerClient {
     absl::MutexLock lock(&mu_);
     request->set_worker_id(worker_id_);
     request->set_session_secret(secret_);
+  }
+
+  // A CUDA VMM extent that cannot be imported or mapped here: the session ends and the worker
+  // registers again with memfd pools (a new generation: its sequences are re-opened as after a
+  // daemon restart). Pages already in the old pools stay mapped for as long as they are held.
+  absl::Status FallBackIfVmmFailed(const absl::Status& mapped) {
+    std::string failure;
+    {
+      absl::MutexLock lock(&mu_);
+      failure = ddr_->vmm_failure();
+      if (failure.empty()) failure = compressed_->vmm_failure();
+    }
+    if (failure.empty() || options_.registration.pool_memory() == v1::POOL_MEMORY_CUDA_VMM) {
+      return mapped;
+    }
+    v1::CloseWorkerRequest close;
+    Sign(&close);
+    {
+      absl::MutexLock lock(&mu_);
+      fallback_reason_ = failure;
+    }
+    CloseSession(close);
+    absl::Status again = Register();
+    return absl::Status(
+        mapped.code(),
+        absl::StrCat(mapped.message(), again.ok() ? "; registered again with memfd pools"
+                                                  : absl::StrCat("; registering again "
+                                                                 "with memfd pools: ",
+                                                                 again.message())));
   }
 
   absl::Status MapExtentsFor(const v1::TierPlan& plan) {
@@ -321,6 +409,9 @@ class WorkerClientImpl final : public WorkerClient {
   absl::Duration lease_ttl_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::shared_ptr<ExtentMapping> ddr_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ExtentMapping> compressed_ ABSL_GUARDED_BY(mu_);
+  std::string fallback_reason_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const edge::cuda::Driver> cuda_ ABSL_GUARDED_BY(mu_);
+  absl::Status cuda_error_ ABSL_GUARDED_BY(mu_);
   std::atomic<double> step_seconds_{0};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "daemon/pool_backend.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -129,6 +130,17 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
   };
   s["pools.extent_mib"] = Mebibytes(&c->core.extent_bytes, 1);
   s["pools.extent_dir"] = String(&c->core.extent_dir);
+  s["pools.backend"] = [c](const toml::node& n, const std::string& where) -> absl::Status {
+    auto v = n.value<std::string>();
+    if (!v || !IsPoolBackend(*v)) {
+      return Bad(where, absl::StrCat("= ", v ? absl::StrCat("\"", *v, "\" ") : std::string(),
+                                     kPoolBackendChoices));
+    }
+    c->core.pool_backend = *v;
+    return absl::OkStatus();
+  };
+  s["pools.numa_node"] =
+      Integer([c](int64_t v) { c->core.numa_node = static_cast<int>(v); }, -1, 4095);
   s["leases.ttl_ms"] = Millis(&c->core.lease_ttl, 100);
   s["leases.heartbeat_ms"] = Millis(&c->core.heartbeat_interval, 10);
   s["schedules.assumed_step_ms"] = Millis(&c->core.assumed_step, 1);

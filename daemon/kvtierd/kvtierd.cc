@@ -31,6 +31,7 @@
 #include "daemon/kvtierd/reload.h"
 #include "daemon/kvtierd/unread_guard.h"
 #include "daemon/metrics.h"
+#include "daemon/pool_backend.h"
 #include "daemon/service/service.h"
 #include "edge/memory_channel.h"
 #include "edge/message_limits.h"
@@ -234,6 +235,13 @@ int Serve(const Flags& flags, DaemonConfig config) {
     exposer->RegisterCollectable(metrics->registry());
     log.Info(absl::StrCat("metrics on http://", config.server.metrics_address, "/metrics"));
   }
+  absl::StatusOr<std::string> pool_memory =
+      ResolvePoolBackend(&config.core, [] { return edge::cuda::Driver::Load(); });
+  if (!pool_memory.ok()) {
+    log.Error(absl::StrCat("cannot create pools: ", pool_memory.status().message()));
+    return 1;
+  }
+  log.Info(*pool_memory);
   absl::StatusOr<std::unique_ptr<DaemonCore>> core =
       DaemonCore::Create(config.core, MonotonicClock::Get(), metrics.get());
   if (!core.ok()) {

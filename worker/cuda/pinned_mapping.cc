@@ -19,7 +19,7 @@ absl::StatusOr<std::unique_ptr<PinnedMapping>> PinnedMapping::Create(uint8_t* ba
   absl::StatusOr<std::vector<PinChunk>> chunks = PlanPinChunks(size, options.chunk_bytes);
   if (!chunks.ok()) return chunks.status();
   std::unique_ptr<PinnedMapping> m(
-      new PinnedMapping(base, size, options.chunk_bytes, chunks->size()));
+      new PinnedMapping(base, size, options.chunk_bytes, chunks->size(), options.already_pinned));
   if (options.pin_all_now) {
     absl::Status s = m->PinAll();
     if (!s.ok()) return s;
@@ -28,6 +28,7 @@ absl::StatusOr<std::unique_ptr<PinnedMapping>> PinnedMapping::Create(uint8_t* ba
 }
 
 PinnedMapping::~PinnedMapping() {
+  if (borrowed_) return;
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < pinned_.size(); ++i) {
     if (pinned_[i]) cudaHostUnregister(base_ + i * chunk_bytes_);

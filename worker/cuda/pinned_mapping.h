@@ -21,6 +21,10 @@ namespace kvtier::worker::cuda {
 struct PinnedMappingOptions {
   uint64_t chunk_bytes = uint64_t{256} << 20;  // multiple of 4096
   bool pin_all_now = false;
+  // The memory is pinned and mapped for the devices already (a CUDA VMM pool of the daemon's:
+  // PoolMapping::device_mapped()): nothing is registered or unregistered, and every chunk counts
+  // as pinned.
+  bool already_pinned = false;
 };
 
 // Thread-safe. Does not own the mapping, which must outlive it; unregisters what it pinned.
@@ -51,12 +55,17 @@ class PinnedMapping {
   uint64_t pinned_bytes() const;
 
  private:
-  PinnedMapping(uint8_t* base, uint64_t size, uint64_t chunk_bytes, size_t chunks)
-      : base_(base), size_(size), chunk_bytes_(chunk_bytes), pinned_(chunks, false) {}
+  PinnedMapping(uint8_t* base, uint64_t size, uint64_t chunk_bytes, size_t chunks, bool borrowed)
+      : base_(base),
+        size_(size),
+        chunk_bytes_(chunk_bytes),
+        borrowed_(borrowed),
+        pinned_(chunks, borrowed) {}
 
   uint8_t* const base_;
   const uint64_t size_;
   const uint64_t chunk_bytes_;
+  const bool borrowed_;  // already_pinned: pinned by someone else, never unregistered here
   mutable absl::Mutex mu_;
   std::vector<bool> pinned_ ABSL_GUARDED_BY(mu_);
 };

@@ -41,6 +41,10 @@ struct ClientOptions {
   v1::RegisterWorkerRequest registration;
   // Renew the lease in a background thread, and re-register when the daemon restarts.
   bool background_heartbeat = true;
+  // The CUDA driver loaded (at run time) when the daemon offers CUDA VMM pools. A worker that
+  // cannot load it or import the daemon's memory registers again asking for memfd pools
+  // (registration.pool_memory = POOL_MEMORY_CUDA_VMM makes that an error instead).
+  std::string cuda_library = "libcuda.so.1";
 };
 
 // Asks the memory channel beside the unix socket at `address` for a ticket (what
@@ -63,6 +67,11 @@ class PoolMapping {
   virtual uint64_t data_bytes() const = 0;
   virtual uint64_t epoch() const = 0;
   virtual uint32_t mapped_extents() const = 0;
+  // True when the daemon's memory is CUDA VMM pinned host memory, mapped at data() for every
+  // device and the host alike (docs/cuda.md, "Pool backends"): a CUDA worker copies to and from
+  // it as is and must not cudaHostRegister it. False for memfd pools, which a CUDA worker pins
+  // itself (worker/cuda/pinned_mapping.h).
+  virtual bool device_mapped() const { return false; }
 };
 
 // A registered worker. Thread-safe; the heartbeat thread is owned by the client and stops in
@@ -99,6 +108,9 @@ class WorkerClient {
   // daemon turns the worker's share of its host link into bytes per step with it (prefetch
   // schedules). Non-finite or negative values count as 0 (unknown); at most 600 s.
   virtual void ReportStepSeconds(double seconds) = 0;
+  // Why this worker's pools are memfd although the daemon offered CUDA VMM memory (the driver's
+  // error, naming the pool); "" when they are not.
+  virtual std::string pool_fallback_reason() const = 0;
 };
 
 }  // namespace kvtier

@@ -54,6 +54,22 @@ TEST(PinnedMappingGpuTest, PinsAWorkerPagePool) {
   EXPECT_EQ(m->base(), pool->base());
 }
 
+TEST(PinnedMappingGpuTest, AnAlreadyPinnedPoolIsNeverRegisteredAgain) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const uint64_t mib = 1 << 20;
+  std::unique_ptr<ShmRegion> shm = MakeShm("borrowed", 8 * mib);
+  ASSERT_NE(shm, nullptr);
+  std::unique_ptr<PinnedMapping> m = *PinnedMapping::Create(
+      shm->data(), shm->size(), {.chunk_bytes = 4 * mib, .already_pinned = true});
+  EXPECT_EQ(m->pinned_bytes(), 8 * mib);
+  EXPECT_TRUE(m->IsPinned(0, 8 * mib));
+  ASSERT_TRUE(m->EnsurePinned(0, 8 * mib).ok());
+  // Nothing was registered: the runtime still sees plain pageable memory.
+  cudaPointerAttributes attr{};
+  ASSERT_CUDA_OK(cudaPointerGetAttributes(&attr, shm->data()));
+  EXPECT_EQ(attr.type, cudaMemoryTypeUnregistered);
+}
+
 TEST(PinnedMappingGpuTest, RejectsBadArguments) {
   KVTIER_SKIP_WITHOUT_GPU();
   alignas(4096) static uint8_t buf[8192];

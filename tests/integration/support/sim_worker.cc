@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<SimWorker>> SimWorker::Connect(const SimWorkerOpt
   r.mutable_gpu()->set_name("cpu");
   r.set_t1_page_bytes(options.t1_page_bytes);
   r.set_t2_page_bytes(options.t2_page_bytes);
+  r.set_pool_memory(options.pool_memory);
   ASSIGN_OR_RETURN(w->client_, WorkerClient::Connect(client));
   return w;
 }

@@ -29,6 +29,8 @@ struct SimWorkerOptions {
   uint64_t prompt_tokens = 64;
   uint64_t seed = 1;
   bool background_heartbeat = true;
+  // RegisterWorkerRequest.pool_memory (CUDA_VMM: no silent memfd fallback).
+  v1::PoolMemory pool_memory = v1::POOL_MEMORY_UNSPECIFIED;
 };
 
 struct SimStats {

@@ -1,5 +1,6 @@
 #include "daemon/config/config.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace kvtier::daemon {
@@ -18,6 +19,18 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->policy.name, built_in.policy.name);
   EXPECT_EQ(parsed->policy.hbm_ratio, built_in.policy.hbm_ratio);
   EXPECT_EQ(parsed->server.unread_timeout, built_in.server.unread_timeout);
+  EXPECT_EQ(parsed->core.pool_backend, built_in.core.pool_backend);
+  EXPECT_EQ(parsed->core.numa_node, built_in.core.numa_node);
+}
+
+TEST(ConfigTest, ReadsEveryPoolBackendAndANumaNode) {
+  for (const char* backend : {"auto", "memfd", "cuda_vmm"}) {
+    auto c = ParseConfig(absl::StrCat("[pools]\nbackend = \"", backend, "\"\nnuma_node = 1\n"),
+                         "t.toml");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->core.pool_backend, backend);
+    EXPECT_EQ(c->core.numa_node, 1);
+  }
 }
 
 TEST(ConfigTest, ReadsEveryKindOfValue) {
@@ -76,6 +89,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"[pools]\nmode = \"999\"\n", "pools.mode"},
                       BadCase{"[pools]\nshm_prefix = \"a/b\"\n", "pools.shm_prefix"},
                       BadCase{"[pools]\nmode = \"0666\"\n", "world-accessible"},
+                      BadCase{"[pools]\nbackend = \"vmm\"\n", "pools.backend = \"vmm\" must be"},
+                      BadCase{"[pools]\nbackend = 1\n", "pools.backend = must be \"auto\""},
+                      BadCase{"[pools]\nnuma_node = -2\n", "pools.numa_node = -2"},
                       BadCase{"[leases]\nttl_ms = 2000\nheartbeat_ms = 2000\n", "must exceed"},
                       BadCase{"[security]\nallow_uids = [\"root\"]\n", "security.allow_uids"},
                       BadCase{"[security]\noperator_uids = 0\n", "security.operator_uids"},

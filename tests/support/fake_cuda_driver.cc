@@ -1,0 +1,218 @@
+#include "tests/support/fake_cuda_driver.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace kvtier::testing {
+namespace {
+
+using edge::cuda::DevicePtr;
+using edge::cuda::MemHandle;
+using edge::cuda::Result;
+
+constexpr Result kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+
+FakeCudaDriver* g_fake = nullptr;
+
+FakeCudaDriver& Fake() { return *g_fake; }
+
+void* AsPointer(DevicePtr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+
+}  // namespace
+
+FakeCudaDriver::FakeCudaDriver() { g_fake = this; }
+
+FakeCudaDriver::~FakeCudaDriver() {
+  for (auto& [h, handle] : handles_) close(handle.fd);
+  for (auto& [p, bytes] : reservations_) munmap(AsPointer(p), bytes);
+  g_fake = nullptr;
+}
+
+std::shared_ptr<const edge::cuda::Driver> FakeCudaDriver::Load() {
+  absl::StatusOr<std::unique_ptr<edge::cuda::Driver>> d = edge::cuda::Driver::FromTable(Table());
+  if (!d.ok()) return nullptr;
+  return std::shared_ptr<const edge::cuda::Driver>(*std::move(d));
+}
+
+void FakeCudaDriver::FailNext(const std::string& name, Result result) { fail_next_[name] = result; }
+
+Result FakeCudaDriver::Enter(const char* name) {
+  calls.emplace_back(name);
+  auto it = fail_next_.find(name);
+  if (it == fail_next_.end()) return edge::cuda::kSuccess;
+  const Result r = it->second;
+  fail_next_.erase(it);
+  return r;
+}
+
+Result FakeCudaDriver::Create(MemHandle* h, size_t size,
+                              const edge::cuda::MemAllocationProp* prop) {
+  if (prop->type != edge::cuda::kAllocationPinned ||
+      prop->location.type != edge::cuda::kLocationHostNuma ||
+      prop->requested_handle_types != edge::cuda::kHandlePosixFd || size == 0 ||
+      size % granularity != 0) {
+    return kInvalidValue;
+  }
+  const int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd >= 0) close(fd);
+    return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+  }
+  *h = next_handle_++;
+  handles_[*h] = {fd, size};
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::Release(MemHandle h) {
+  auto it = handles_.find(h);
+  if (it == handles_.end()) return kInvalidValue;
+  close(it->second.fd);
+  handles_.erase(it);
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::Export(void* shareable, MemHandle h, int type) {
+  auto it = handles_.find(h);
+  if (it == handles_.end() || type != edge::cuda::kHandlePosixFd) return kInvalidValue;
+  *static_cast<int*>(shareable) = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::Import(MemHandle* h, void* os_handle, int type) {
+  const int fd = static_cast<int>(reinterpret_cast<uintptr_t>(os_handle));
+  struct stat st;
+  if (type != edge::cuda::kHandlePosixFd || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return kInvalidValue;
+  }
+  *h = next_handle_++;
+  handles_[*h] = {fcntl(fd, F_DUPFD_CLOEXEC, 0), static_cast<uint64_t>(st.st_size)};
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::Reserve(DevicePtr* ptr, size_t size, size_t alignment) {
+  if (size == 0 || alignment == 0 || size % alignment != 0) return kInvalidValue;
+  void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return 2;
+  *ptr = reinterpret_cast<uintptr_t>(p);
+  reservations_[*ptr] = size;
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::Free(DevicePtr ptr, size_t size) {
+  auto it = reservations_.find(ptr);
+  if (it == reservations_.end() || it->second != size) return kInvalidValue;
+  for (const auto& [p, bytes] : mappings_) {
+    if (p >= ptr && p < ptr + size) return kInvalidValue;  // the driver wants it unmapped first
+  }
+  munmap(AsPointer(ptr), size);
+  reservations_.erase(it);
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::Map(DevicePtr ptr, size_t size, MemHandle h) {
+  auto it = handles_.find(h);
+  if (it == handles_.end() || it->second.bytes < size || mappings_.count(ptr) != 0) {
+    return kInvalidValue;
+  }
+  void* got = mmap(AsPointer(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, it->second.fd, 0);
+  if (got == MAP_FAILED) return kInvalidValue;
+  mappings_[ptr] = size;
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::Unmap(DevicePtr ptr, size_t size) {
+  auto it = mappings_.find(ptr);
+  if (it == mappings_.end() || it->second != size) return kInvalidValue;
+  mmap(AsPointer(ptr), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+       0);
+  mappings_.erase(it);
+  return edge::cuda::kSuccess;
+}
+
+Result FakeCudaDriver::SetAccess(DevicePtr ptr, size_t size, const edge::cuda::MemAccessDesc* desc,
+                                 size_t count) {
+  auto it = mappings_.find(ptr);
+  if (it == mappings_.end() || it->second != size) return kInvalidValue;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type == edge::cuda::kLocationHostNuma &&
+        desc[i].flags == edge::cuda::kAccessReadWrite) {
+      mprotect(AsPointer(ptr), size, PROT_READ | PROT_WRITE);
+    }
+  }
+  return edge::cuda::kSuccess;
+}
+
+edge::cuda::DriverApi FakeCudaDriver::Table() {
+  edge::cuda::DriverApi a{};
+  a.Init = [](unsigned) { return Fake().Enter("cuInit"); };
+  a.DriverGetVersion = [](int* v) {
+    *v = Fake().version;
+    return Fake().Enter("cuDriverGetVersion");
+  };
+  a.DeviceGetCount = [](int* n) {
+    *n = Fake().devices;
+    return Fake().Enter("cuDeviceGetCount");
+  };
+  a.DeviceGet = [](edge::cuda::Device* d, int ordinal) {
+    *d = ordinal;
+    return Fake().Enter("cuDeviceGet");
+  };
+  a.DeviceGetAttribute = [](int* v, int attr, edge::cuda::Device) {
+    *v = attr == edge::cuda::kAttrHostNumaVmmSupported ? Fake().host_numa_vmm_supported
+         : attr == edge::cuda::kAttrHostNumaId         ? Fake().host_numa_id
+                                                       : 1;
+    return Fake().Enter("cuDeviceGetAttribute");
+  };
+  a.MemGetAllocationGranularity = [](size_t* g, const edge::cuda::MemAllocationProp*, int) {
+    *g = Fake().granularity;
+    return Fake().Enter("cuMemGetAllocationGranularity");
+  };
+  a.MemCreate = [](MemHandle* h, size_t size, const edge::cuda::MemAllocationProp* prop,
+                   unsigned long long) {
+    Result r = Fake().Enter("cuMemCreate");
+    return r != edge::cuda::kSuccess ? r : Fake().Create(h, size, prop);
+  };
+  a.MemRelease = [](MemHandle h) {
+    Result r = Fake().Enter("cuMemRelease");
+    Result done = Fake().Release(h);  // a failing release still releases (as the test expects)
+    return r != edge::cuda::kSuccess ? r : done;
+  };
+  a.MemExportToShareableHandle = [](void* out, MemHandle h, int type, unsigned long long) {
+    Result r = Fake().Enter("cuMemExportToShareableHandle");
+    return r != edge::cuda::kSuccess ? r : Fake().Export(out, h, type);
+  };
+  a.MemImportFromShareableHandle = [](MemHandle* h, void* os, int type) {
+    Result r = Fake().Enter("cuMemImportFromShareableHandle");
+    return r != edge::cuda::kSuccess ? r : Fake().Import(h, os, type);
+  };
+  a.MemAddressReserve = [](DevicePtr* p, size_t size, size_t alignment, DevicePtr,
+                           unsigned long long) {
+    Result r = Fake().Enter("cuMemAddressReserve");
+    return r != edge::cuda::kSuccess ? r : Fake().Reserve(p, size, alignment);
+  };
+  a.MemAddressFree = [](DevicePtr p, size_t size) {
+    Result r = Fake().Enter("cuMemAddressFree");
+    return r != edge::cuda::kSuccess ? r : Fake().Free(p, size);
+  };
+  a.MemMap = [](DevicePtr p, size_t size, size_t, MemHandle h, unsigned long long) {
+    Result r = Fake().Enter("cuMemMap");
+    return r != edge::cuda::kSuccess ? r : Fake().Map(p, size, h);
+  };
+  a.MemUnmap = [](DevicePtr p, size_t size) {
+    Result r = Fake().Enter("cuMemUnmap");
+    return r != edge::cuda::kSuccess ? r : Fake().Unmap(p, size);
+  };
+  a.MemSetAccess = [](DevicePtr p, size_t size, const edge::cuda::MemAccessDesc* d, size_t n) {
+    Result r = Fake().Enter("cuMemSetAccess");
+    return r != edge::cuda::kSuccess ? r : Fake().SetAccess(p, size, d, n);
+  };
+  a.GetErrorString = [](Result r, const char** text) {
+    *text = r == 2 ? "out of memory" : r == 999 ? "injected failure" : "fake CUDA error";
+    return edge::cuda::kSuccess;
+  };
+  return a;
+}
+
+}  // namespace kvtier::testing
