@@ -31,22 +31,27 @@ class PagePool {
   virtual PoolKind kind() const = 0;
   virtual uint8_t* base() const = 0;
   virtual uint64_t size() const = 0;
+  // True when the memory is already pinned and mapped for the GPUs (the daemon's CUDA VMM
+  // pools): a CUDA backend then registers nothing of its own.
+  virtual bool device_mapped() const { return false; }
 };
 
-// A pool over memory someone else owns and maps (e.g. the daemon's shm segment mapped by the
+// A pool over memory someone else owns and maps (e.g. the daemon's extents mapped by the
 // client). Never frees it.
 class ExternalPagePool final : public PagePool {
  public:
-  ExternalPagePool(PoolKind kind, uint8_t* base, uint64_t size)
-      : kind_(kind), base_(base), size_(size) {}
+  ExternalPagePool(PoolKind kind, uint8_t* base, uint64_t size, bool device_mapped = false)
+      : kind_(kind), base_(base), size_(size), device_mapped_(device_mapped) {}
   PoolKind kind() const override { return kind_; }
   uint8_t* base() const override { return base_; }
   uint64_t size() const override { return size_; }
+  bool device_mapped() const override { return device_mapped_; }
 
  private:
   PoolKind kind_;
   uint8_t* base_;
   uint64_t size_;
+  bool device_mapped_;
 };
 
 // A pool over plain host memory it owns (local mode, tests, CPU-only runs). 4 KiB aligned,

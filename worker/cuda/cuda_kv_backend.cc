@@ -34,7 +34,8 @@ using tiering::Tier;
 constexpr uint32_t kMaxBatch = 32;
 
 // Pool registrations for DMA, one per pool for every store of the worker (registering a range
-// twice fails). Thread-safe.
+// twice fails); a pool the daemon pinned and mapped for the GPUs (CUDA VMM) is borrowed as is.
+// Thread-safe.
 class PinnedPools {
  public:
   absl::StatusOr<PinnedMapping*> For(const PagePool& pool) {
@@ -42,7 +43,7 @@ class PinnedPools {
     std::unique_ptr<PinnedMapping>& m = by_base_[pool.base()];
     if (m == nullptr) {
       absl::StatusOr<std::unique_ptr<PinnedMapping>> made =
-          PinnedMapping::ForPool(pool, PinnedMappingOptions{});
+          PinnedMapping::ForPool(pool, {.already_pinned = pool.device_mapped()});
       if (!made.ok()) {
         by_base_.erase(pool.base());
         return made.status();

@@ -176,10 +176,11 @@ absl::Status TieredSequence::Rejoin() {
   if (!promotions.empty()) {
     RETURN_IF_ERROR(store_->ApplyPlan(promotions, std::vector<SlotAssignment>(promotions.size())));
   }
-  auto ddr_pool =
-      std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes());
-  auto compressed_pool = std::make_unique<ExternalPagePool>(
-      PoolKind::kCompressed, compressed->data(), compressed->data_bytes());
+  auto ddr_pool = std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes(),
+                                                     ddr->device_mapped());
+  auto compressed_pool =
+      std::make_unique<ExternalPagePool>(PoolKind::kCompressed, compressed->data(),
+                                         compressed->data_bytes(), compressed->device_mapped());
   ASSIGN_OR_RETURN(uint64_t id,
                    client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag));
   RETURN_IF_ERROR(store_->RebindPools(ddr_pool.get(), compressed_pool.get()));

@@ -159,10 +159,11 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
   if (ddr == nullptr || compressed == nullptr) {
     return absl::UnavailableError("kvtierd gave no pools; is it running?");
   }
-  auto ddr_pool =
-      std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes());
-  auto compressed_pool = std::make_unique<ExternalPagePool>(
-      PoolKind::kCompressed, compressed->data(), compressed->data_bytes());
+  auto ddr_pool = std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes(),
+                                                     ddr->device_mapped());
+  auto compressed_pool =
+      std::make_unique<ExternalPagePool>(PoolKind::kCompressed, compressed->data(),
+                                         compressed->data_bytes(), compressed->device_mapped());
   ASSIGN_OR_RETURN(auto store,
                    MakeStore(store_options, {arena_, ddr_pool.get(), compressed_pool.get()}));
   ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options.prompt_tokens, wire, options.tag));
