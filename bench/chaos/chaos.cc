@@ -92,6 +92,7 @@ struct NewFaultFigures {
     double failures = 0;       // kvtier_pool_allocation_failures_total meanwhile
     double plans = 0;
     double back_ms = -1;  // from the room's return to a worker's next new extent; -1: none in 5 s
+    double felt_ms = -1;  // from the fill to the first plan that said the pool cannot grow
   };
   std::vector<Full> full;
 };
@@ -147,8 +148,9 @@ bool PrintNewFaultRows(const ChaosOptions& o, const NewFaultFigures& f, double r
   } else {
     uint64_t cannot_grow = 0, grown = 0, fewest = UINT64_MAX;
     double failures = 0, plans_full = 0;
-    std::vector<double> back;
+    std::vector<double> back, felt;
     for (const NewFaultFigures::Full& w : f.full) {
+      if (w.felt_ms >= 0) felt.push_back(w.felt_ms);
       cannot_grow += w.cannot_grow;
       grown += w.grown;
       failures += w.failures;
@@ -157,9 +159,16 @@ bool PrintNewFaultRows(const ChaosOptions& o, const NewFaultFigures& f, double r
       if (w.back_ms >= 0) back.push_back(w.back_ms);
     }
     if (f.full.empty()) fewest = 0;
-    ok &= fewest >= 1 && back.size() == f.full.size();
+    ok &= fewest >= 1 && felt.size() == f.full.size() && back.size() == f.full.size();
     std::printf(
-        "| the pools' tmpfs (%.0f MiB, pools.extent_dir, 1 MiB extents) kept full for %d ms at the "
+        "| the first plan saying the pool cannot grow, after the fill: p50 / max (the tmpfs stays "
+        "full until then, up to 10 s) | %zu of %zu; %.0f / %.0f ms | all |\n",
+        felt.size(), f.full.size(), Percentile(felt, 0.5),
+        felt.empty() ? 0 : *std::max_element(felt.begin(), felt.end()));
+    std::printf(
+        "| the pools' tmpfs (%.0f MiB, pools.extent_dir, 1 MiB extents) kept full for at least %d "
+        "ms "
+        "at the "
         "starting config: "
         "max(3, W / 2) workers replaced at its start; plans degraded saying the pool cannot grow; "
         "fewest in "
@@ -307,9 +316,15 @@ int Run(const ChaosOptions& o) {
       kill(pid, SIGKILL);
       --replace;
     }
-    while (absl::Now() - t0 < absl::Milliseconds(o.full_ms)) {
+    // Full for --full-ms, and on until a plan says the pool cannot grow (up to 10 s): whether
+    // a worker needs a new extent soon is up to its sequences.
+    for (absl::Duration t; (t = absl::Now() - t0) < absl::Milliseconds(o.full_ms) ||
+                           (w.felt_ms < 0 && t < absl::Seconds(10));) {
       (void)tmpfs->Fill();
       reap_children();
+      if (w.felt_ms < 0 && totals().cannot_grow > before.cannot_grow) {
+        w.felt_ms = absl::ToDoubleMilliseconds(t);
+      }
       absl::SleepFor(absl::Milliseconds(10));
     }
     const SimProgress during = totals();

@@ -66,6 +66,9 @@ absl::StatusOr<uint64_t> FullTmpfs::Fill() {
 
 void FullTmpfs::Drain() {
   if (filler_ < 0) return;
+  // Truncated first: a process forked meanwhile holds the descriptor too, and would keep the
+  // blocks of an unlinked file.
+  (void)!ftruncate(filler_, 0);
   close(filler_);
   filler_ = -1;
   unlink((dir_ + "/filler").c_str());
