@@ -5,18 +5,20 @@
 // slot a plan grants and check all of it after every plan: a slot shared, freed early or lost
 // shows up as a verification failure, which the worker reports by exiting with code 3. Faults:
 // worker kill -9 (respawned), daemon SIGSTOP past the RPC deadline or past the lease, daemon kill
-// -9 and restart, SIGHUP reloads that change leases and per-worker limits mid-run. Figures come
-// from the daemon's /metrics (this process never speaks gRPC, so it can fork).
+// -9 and restart, SIGHUP reloads that change leases and per-worker limits mid-run, a client that
+// sends requests and stops reading (bench/chaos/stuck_client.h), the pools' tmpfs filling up
+// (bench/chaos/full_tmpfs.h). Figures come from the daemon's /metrics and log, and from what the
+// workers report over pipes (this process never speaks gRPC, so it can fork).
 //
 //   kvtier-chaos [--workers 6] [--kills 20] [--stalls 2] [--restarts 1] [--reloads 0]
-//                [--lease-stalls 0] [--ttl-ms 1000]
+//                [--lease-stalls 0] [--stuck-clients 0] [--full-tmpfs 0] [--ttl-ms 1000]
 //   kvtier-chaos --soak 600 [--workers 32] [--sequences 8]   (no faults: bench/chaos/soak.h)
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -26,7 +28,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/chaos/chaos_options.h"
+#include "bench/chaos/full_tmpfs.h"
 #include "bench/chaos/soak.h"
+#include "bench/chaos/stuck_client.h"
 #include "tests/integration/support/daemon_process.h"
 #include "tests/integration/support/http_get.h"
 #include "tests/integration/support/sim_worker.h"
@@ -34,10 +39,18 @@
 namespace kvtier::testing {
 namespace {
 
-pid_t SpawnWorker(const std::string& address, uint64_t seed) {
-  pid_t pid = fork();
-  if (pid == 0) RunSimWorkerProcess(address, seed);
-  return pid;
+// A worker process that reports its SimProgress over a pipe: its pid and the pipe's read end
+// (both ends non-blocking: a worker never waits for this process to read).
+std::pair<pid_t, int> SpawnWorker(const std::string& address, uint64_t seed) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return {-1, -1};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    RunSimWorkerProcess(address, seed, p[1]);
+  }
+  close(p[1]);
+  return {pid, p[0]};
 }
 
 double Percentile(std::vector<double> v, double q) {
@@ -46,18 +59,16 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
 }
 
-struct Options {
-  int workers = 6, kills = 20, stalls = 2, restarts = 1;
-  int reloads = 0, lease_stalls = 0;
-  int ttl_ms = 1000;
-};
-
 // The daemon's config at lease TTL `ttl_ms`; `tight` adds per-worker limits a reload imposes on
 // workers already running (one sequence each, a 1 MiB DDR quota: plans degrade, nothing fails).
-std::string ChaosConfig(int ttl_ms, bool tight) {
+// `extent_dir` non-empty: the pools' extents live there, 1 MiB each (so that the pools grow in
+// small steps all the time and a full directory is felt at once).
+std::string ChaosConfig(const ChaosOptions& o, int ttl_ms, bool tight,
+                        const std::string& extent_dir) {
   return absl::StrCat(
-      "[server]\nreap_interval_ms = 50\n[leases]\nttl_ms = ", ttl_ms,
-      "\nheartbeat_ms = ", std::max(10, ttl_ms / 5), "\n",
+      extent_dir.empty() ? "" : absl::StrCat("extent_dir = \"", extent_dir, "\"\nextent_mib = 1\n"),
+      "[server]\nreap_interval_ms = 50\nunread_timeout_ms = ", o.unread_timeout_ms,
+      "\n[leases]\nttl_ms = ", ttl_ms, "\nheartbeat_ms = ", std::max(10, ttl_ms / 5), "\n",
       tight ? "[limits]\nmax_sequences_per_worker = 1\nworker_ddr_quota_mib = 1\n" : "");
 }
 
@@ -67,7 +78,116 @@ int Count(const std::string& text, const std::string& what) {
   return n;
 }
 
-int Run(const Options& o) {
+double MiB(uint64_t bytes) { return bytes / 1048576.0; }
+
+// What the stuck-client and full-tmpfs faults measured, over every time they were injected.
+struct NewFaultFigures {
+  std::vector<StuckClientFigures> stuck;
+  double stuck_seconds = 0;   // spent with a stuck client connected
+  std::string tmpfs_not_run;  // why the tmpfs fault could not be injected ("" = it was)
+  uint64_t tmpfs_bytes = 0;
+  struct Full {
+    uint64_t cannot_grow = 0;  // plans the workers got degraded because a pool could not grow
+    uint64_t grown = 0;        // plans after which a worker had mapped more extents
+    double failures = 0;       // kvtier_pool_allocation_failures_total meanwhile
+    double plans = 0;
+    double back_ms = -1;  // from the room's return to a worker's next new extent; -1: none in 5 s
+    double felt_ms = -1;  // from the fill to the first plan that said the pool cannot grow
+  };
+  std::vector<Full> full;
+};
+
+// Rows for the two faults; false when a target was missed.
+bool PrintNewFaultRows(const ChaosOptions& o, const NewFaultFigures& f, double run_seconds,
+                       double plans) {
+  bool ok = true;
+  if (o.stuck_clients == 0) {
+    std::printf("| a client that stops reading | not asked for (--stuck-clients 0) | - |\n");
+  } else {
+    std::vector<double> drop_ms;
+    double fewest = -1;
+    uint64_t rss0 = f.stuck.empty() ? 0 : f.stuck.front().rss_before, rss_max = rss0;
+    uint64_t rss_first_half = rss0;  // max over the first half of the stuck clients
+    double stuck_plans = 0;
+    for (size_t i = 0; i < f.stuck.size(); ++i) {
+      const StuckClientFigures& s = f.stuck[i];
+      if (s.dropped) drop_ms.push_back(s.drop_ms);
+      fewest = fewest < 0 ? s.plans : std::min(fewest, s.plans);
+      rss_max = std::max(rss_max, s.rss_max);
+      if (2 * i < f.stuck.size()) rss_first_half = rss_max;
+      stuck_plans += s.plans;
+    }
+    const double limit = o.unread_timeout_ms + 1000.0;
+    const double worst = drop_ms.empty() ? 0 : *std::max_element(drop_ms.begin(), drop_ms.end());
+    // Bounded, as in stuck_client_test: at most 128 MiB in all, and the second half of the
+    // stuck clients adds at most 32 MiB to the first half's peak (freed memory that malloc
+    // keeps per thread is reused, a leak is not).
+    const double growth = MiB(rss_max) - MiB(rss0);
+    const double late_growth = MiB(rss_max) - MiB(rss_first_half);
+    ok = drop_ms.size() == f.stuck.size() && worst <= limit && growth <= 128 && late_growth <= 32 &&
+         fewest >= 1;
+    std::printf(
+        "| a client that sends 64 GetStatus every 20 ms over raw HTTP/2 and reads nothing: "
+        "dropped by the daemon (its log names the pid); from its start, p50 / max | %zu of %zu; "
+        "%.0f / %.0f ms | all; <= server.unread_timeout_ms + 1 s = %.0f ms |\n",
+        drop_ms.size(), f.stuck.size(), Percentile(drop_ms, 0.5), worst, limit);
+    std::printf(
+        "| daemon RSS while the stuck clients ran: before the first; max over the first half of "
+        "them; max over all | %.1f; %.1f; %.1f MiB (%+.1f in all, %+.1f in the second half) | "
+        "<= +128 MiB in all, <= +32 MiB in the second half |\n",
+        MiB(rss0), MiB(rss_first_half), MiB(rss_max), growth, late_growth);
+    std::printf(
+        "| plans while a stuck client was connected: fewest in one; rate then vs the whole run "
+        "| %.0f; %.0f/s vs %.0f/s | >= 1 each time |\n",
+        fewest, f.stuck_seconds > 0 ? stuck_plans / f.stuck_seconds : 0, plans / run_seconds);
+  }
+  if (o.full_tmpfs == 0) {
+    std::printf("| a full tmpfs | not asked for (--full-tmpfs 0) | - |\n");
+  } else if (!f.tmpfs_not_run.empty()) {
+    std::printf("| a full tmpfs | not run: %s | - |\n", f.tmpfs_not_run.c_str());
+  } else {
+    uint64_t cannot_grow = 0, grown = 0, fewest = UINT64_MAX;
+    double failures = 0, plans_full = 0;
+    std::vector<double> back, felt;
+    for (const NewFaultFigures::Full& w : f.full) {
+      if (w.felt_ms >= 0) felt.push_back(w.felt_ms);
+      cannot_grow += w.cannot_grow;
+      grown += w.grown;
+      failures += w.failures;
+      plans_full += w.plans;
+      fewest = std::min(fewest, w.cannot_grow);
+      if (w.back_ms >= 0) back.push_back(w.back_ms);
+    }
+    if (f.full.empty()) fewest = 0;
+    ok &= fewest >= 1 && felt.size() == f.full.size() && back.size() == f.full.size();
+    std::printf(
+        "| the first plan saying the pool cannot grow, after the fill: p50 / max (the tmpfs stays "
+        "full until then, up to 10 s) | %zu of %zu; %.0f / %.0f ms | all |\n",
+        felt.size(), f.full.size(), Percentile(felt, 0.5),
+        felt.empty() ? 0 : *std::max_element(felt.begin(), felt.end()));
+    std::printf(
+        "| the pools' tmpfs (%.0f MiB, pools.extent_dir, 1 MiB extents) kept full for at least %d "
+        "ms "
+        "at the "
+        "starting config: "
+        "max(3, W / 2) workers replaced at its start; plans degraded saying the pool cannot grow; "
+        "fewest in "
+        "one window; allocation failures; plans after which a worker had more extents (spares "
+        "made before); plans | %zu windows: %llu; %llu; %.0f; %llu; %.0f | >= 1 in every window "
+        "|\n",
+        MiB(f.tmpfs_bytes), o.full_ms, f.full.size(), static_cast<unsigned long long>(cannot_grow),
+        static_cast<unsigned long long>(fewest), failures, static_cast<unsigned long long>(grown),
+        plans_full);
+    std::printf(
+        "| room back: a worker maps a new extent, p50 / max after the filler went | %zu of %zu; "
+        "%.0f / %.0f ms | all, <= 5000 ms |\n",
+        back.size(), f.full.size(), Percentile(back, 0.5),
+        back.empty() ? 0 : *std::max_element(back.begin(), back.end()));
+  }
+  return ok;
+}
+
+int Run(const ChaosOptions& o) {
   const int port = *FreeLoopbackPort();
   const std::string dir = "/tmp/kvtier-chaos-" + std::to_string(getpid());
   std::string mk = "mkdir -p " + dir;
@@ -76,7 +196,22 @@ int Run(const Options& o) {
   DaemonProcess::Options d;
   d.socket_path = sock;
   d.metrics_address = absl::StrCat("127.0.0.1:", port);
-  d.config_text = ChaosConfig(o.ttl_ms, false);
+  NewFaultFigures nf;
+  std::unique_ptr<FullTmpfs> tmpfs;
+  if (o.full_tmpfs > 0) {
+    // Room for both budgets twice: a restarted daemon needs them free while the workers still
+    // map the old daemon's extents.
+    nf.tmpfs_bytes = 2 * (uint64_t{d.ddr_mib} + d.compressed_mib + 8) << 20;
+    absl::StatusOr<std::unique_ptr<FullTmpfs>> mounted =
+        FullTmpfs::Mount(dir + "/extents", nf.tmpfs_bytes);
+    if (mounted.ok()) {
+      tmpfs = *std::move(mounted);
+    } else {
+      nf.tmpfs_not_run = std::string(mounted.status().message());
+    }
+  }
+  const std::string extent_dir = tmpfs ? tmpfs->dir() : "";
+  d.config_text = ChaosConfig(o, o.ttl_ms, false, extent_dir);
   auto daemon = DaemonProcess::Start(d);
   if (!daemon.ok()) {
     std::fprintf(stderr, "kvtier-chaos: %s\n", std::string(daemon.status().message()).c_str());
@@ -86,12 +221,33 @@ int Run(const Options& o) {
   struct Worker {
     bool killed = false;  // by us
     absl::Time spawned;
+    int fd = -1;  // its progress pipe
+    SimProgress last;
   };
   std::map<pid_t, Worker> workers;
+  SimProgress retired;  // the counts of workers that ended
   bool respawn = true;
-  auto spawn = [&] { workers[SpawnWorker("unix:" + sock, rng())] = {false, absl::Now()}; };
+  auto spawn = [&] {
+    const auto [pid, fd] = SpawnWorker("unix:" + sock, rng());
+    if (pid > 0) workers[pid] = {false, absl::Now(), fd, {}};
+  };
+  const auto drain = [](Worker& w) {
+    SimProgress p;
+    while (read(w.fd, &p, sizeof(p)) == sizeof(p)) w.last = p;
+  };
+  // The workers' counts over the whole run.
+  const auto totals = [&] {
+    SimProgress t = retired;
+    for (auto& [pid, w] : workers) {
+      drain(w);
+      t.cannot_grow += w.last.cannot_grow;
+      t.grown += w.last.grown;
+    }
+    return t;
+  };
   for (int i = 0; i < o.workers; ++i) spawn();
   absl::SleepFor(absl::Seconds(1));
+  const absl::Time run_start = absl::Now();
 
   std::vector<double> reclaim_ms;
   double worst_over_ttl_ms = 0;  // reclaim minus the lease TTL in force, worst case
@@ -99,18 +255,20 @@ int Run(const Options& o) {
   int reloads = 0, reloads_applied = 0, lease_stalls = 0;
   double stall_reaped = 0, stall_back = 0;  // leases reaped by, workers registered after, them
   int ttl_now = o.ttl_ms;                   // a reload doubles it and the next one restores it
+  double plans_before = 0;                  // served by the daemons a restart replaced
   // Reloads alternate between the doubled lease with tight limits and the starting config.
   const auto reload = [&] {
     const bool tight = ttl_now == o.ttl_ms;
     const int before = Count((*daemon)->Log(), "SIGHUP: reloaded");
-    if (!(*daemon)->RewriteConfig(ChaosConfig(tight ? 2 * o.ttl_ms : o.ttl_ms, tight)).ok()) return;
+    const int ttl = tight ? 2 * o.ttl_ms : o.ttl_ms;
+    if (!(*daemon)->RewriteConfig(ChaosConfig(o, ttl, tight, extent_dir)).ok()) return;
     (void)(*daemon)->Signal(SIGHUP);
     ++reloads;
     const absl::Time t0 = absl::Now();
     while (absl::Now() - t0 < absl::Seconds(5)) {
       if (Count((*daemon)->Log(), "SIGHUP: reloaded") > before) {
         ++reloads_applied;
-        ttl_now = tight ? 2 * o.ttl_ms : o.ttl_ms;
+        ttl_now = ttl;
         return;
       }
       absl::SleepFor(absl::Milliseconds(10));
@@ -128,9 +286,61 @@ int Run(const Options& o) {
         corrupted += WIFEXITED(status) && WEXITSTATUS(status) == kSimCorrupted;
         std::fprintf(stderr, "worker %d died on its own (status %d)\n", pid, status);
       }
+      drain(it->second);
+      retired.cannot_grow += it->second.last.cannot_grow;
+      retired.grown += it->second.last.grown;
+      close(it->second.fd);
       workers.erase(it);
       if (respawn) spawn();
     }
+  };
+  // The tmpfs kept full for --full-ms (extents come and go meanwhile), then the room given back.
+  const auto fill_tmpfs = [&] {
+    // At the starting config: a reload's 1 MiB per-worker quota would refuse slots before the
+    // tmpfs does (the next reload imposes it again).
+    if (ttl_now != o.ttl_ms) reload();
+    NewFaultFigures::Full w;
+    const SimProgress before = totals();
+    const double failures = ScrapeMetric(port, "kvtier_pool_allocation_failures_total");
+    const double plans = ScrapeMetric(port, "kvtier_snapshots_total");
+    // Workers replaced now need extents of their own while the tmpfs is full (the others hold
+    // theirs by then), more than the two spares per pool made before; the room their
+    // predecessors' extents free is filled again.
+    const absl::Time t0 = absl::Now();
+    (void)tmpfs->Fill();
+    int replace = std::min(o.workers, std::max(3, o.workers / 2));
+    for (auto& [pid, worker] : workers) {
+      if (replace == 0) break;
+      if (t0 - worker.spawned < absl::Milliseconds(700)) continue;
+      worker.killed = true;
+      kill(pid, SIGKILL);
+      --replace;
+    }
+    // Full for --full-ms, and on until a plan says the pool cannot grow (up to 10 s): whether
+    // a worker needs a new extent soon is up to its sequences.
+    for (absl::Duration t; (t = absl::Now() - t0) < absl::Milliseconds(o.full_ms) ||
+                           (w.felt_ms < 0 && t < absl::Seconds(10));) {
+      (void)tmpfs->Fill();
+      reap_children();
+      if (w.felt_ms < 0 && totals().cannot_grow > before.cannot_grow) {
+        w.felt_ms = absl::ToDoubleMilliseconds(t);
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    const SimProgress during = totals();
+    w.cannot_grow = during.cannot_grow - before.cannot_grow;
+    w.grown = during.grown - before.grown;
+    w.failures = ScrapeMetric(port, "kvtier_pool_allocation_failures_total") - failures;
+    w.plans = ScrapeMetric(port, "kvtier_snapshots_total") - plans;
+    tmpfs->Drain();
+    for (const absl::Time t1 = absl::Now(); absl::Now() - t1 < absl::Seconds(5);) {
+      if (totals().grown > during.grown) {
+        w.back_ms = absl::ToDoubleMilliseconds(absl::Now() - t1);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    nf.full.push_back(w);
   };
   // The plan of faults, in random order.
   std::vector<char> faults;
@@ -139,6 +349,8 @@ int Run(const Options& o) {
   faults.insert(faults.end(), o.restarts, 'r');
   faults.insert(faults.end(), o.reloads, 'h');
   faults.insert(faults.end(), o.lease_stalls, 'l');
+  faults.insert(faults.end(), o.stuck_clients, 'c');
+  if (tmpfs) faults.insert(faults.end(), o.full_tmpfs, 'f');
   std::shuffle(faults.begin(), faults.end(), rng);
   for (char f : faults) {
     absl::SleepFor(absl::Milliseconds(100 + rng() % 300));
@@ -184,7 +396,15 @@ int Run(const Options& o) {
       absl::SleepFor(absl::Seconds(2));
       stall_reaped += ScrapeMetric(port, "kvtier_lease_expirations_total") - expired;
       stall_back += ScrapeMetric(port, "kvtier_registry_workers");
+    } else if (f == 'c') {
+      const absl::Time t0 = absl::Now();
+      nf.stuck.push_back(
+          RunStuckClient(**daemon, port, absl::Milliseconds(o.unread_timeout_ms + 5000)));
+      nf.stuck_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+    } else if (f == 'f') {
+      fill_tmpfs();
     } else {
+      plans_before += ScrapeMetric(port, "kvtier_snapshots_total");  // the new daemon counts anew
       (*daemon)->Stop(SIGKILL);
       daemon = DaemonProcess::Start(d);
       if (!daemon.ok()) {
@@ -199,7 +419,8 @@ int Run(const Options& o) {
   if (ttl_now != o.ttl_ms) reload();  // back to the starting lease for the final checks
   absl::SleepFor(absl::Seconds(1));
   reap_children();
-  const double plans = ScrapeMetric(port, "kvtier_snapshots_total");
+  const double plans = plans_before + ScrapeMetric(port, "kvtier_snapshots_total");
+  const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
   // Every worker gone: after TTL + 1 s nothing may be left.
   respawn = false;
   for (auto& [pid, w] : workers) {
@@ -215,13 +436,14 @@ int Run(const Options& o) {
   const double p99 = Percentile(reclaim_ms, 0.99);
   const double max =
       reclaim_ms.empty() ? 0 : *std::max_element(reclaim_ms.begin(), reclaim_ms.end());
-  const bool ok = left_workers == 0 && left_used == 0 && left_reserved == 0 && crashes == 0 &&
-                  worst_over_ttl_ms <= 1000 && (kills == 0 || !reclaim_ms.empty()) &&
-                  reloads_applied == reloads;
+  bool ok = left_workers == 0 && left_used == 0 && left_reserved == 0 && crashes == 0 &&
+            worst_over_ttl_ms <= 1000 && (kills == 0 || !reclaim_ms.empty()) &&
+            reloads_applied == reloads;
   std::printf(
       "kvtier-chaos: %d workers, %d kills, %d daemon stalls, %d daemon restarts, %d reloads, "
-      "%d stalls past the lease, lease %d ms\n",
-      o.workers, kills, stalls, restarts, reloads, lease_stalls, o.ttl_ms);
+      "%d stalls past the lease, %zu stuck clients, %zu full tmpfs windows, lease %d ms\n",
+      o.workers, kills, stalls, restarts, reloads, lease_stalls, nf.stuck.size(), nf.full.size(),
+      o.ttl_ms);
   std::printf("| check | figure | target |\n|---|---|---|\n");
   std::printf("| workers, slots and extents left after TTL + 1 s | %.0f, %.0f B, %.0f B | 0 |\n",
               left_workers, left_used, left_reserved);
@@ -246,14 +468,16 @@ int Run(const Options& o) {
         "later | %d stalls: %.0f reaped; %.0f of %d | - |\n",
         lease_stalls, stall_reaped, stall_back, lease_stalls * o.workers);
   }
+  ok &= PrintNewFaultRows(o, nf, run_seconds, plans);
   std::printf(
-      "| a client that stops reading; a full tmpfs | not run by this harness (tested on "
-      "their own: stuck_client_test; pool_exhaustion_test, security_test) | - |\n");
-  std::printf("| workers that died on their own | %d (%d with corrupted pages) | 0 |\n", crashes,
-              corrupted);
+      "| workers that died on their own (a page that lost its bytes: exit %d) | %d (%d with "
+      "corrupted pages) | 0 |\n",
+      kSimCorrupted, crashes, corrupted);
   std::printf("| plans served | %.0f | > 0 |\n", plans);
-  std::printf("result: %s\n", ok ? "PASS" : "FAIL");
+  std::printf("result: %s%s\n", ok ? "PASS" : "FAIL",
+              nf.tmpfs_not_run.empty() ? "" : " (a full tmpfs: not run)");
   (*daemon)->Stop(SIGTERM);
+  for (auto& [pid, w] : workers) close(w.fd);
   while (waitpid(-1, nullptr, 0) > 0) {
   }
   return ok && plans > 0 ? 0 : 1;
@@ -263,57 +487,15 @@ int Run(const Options& o) {
 }  // namespace kvtier::testing
 
 int main(int argc, char** argv) {
-  kvtier::testing::Options o;
-  CLI::App app{"kvtier-chaos: random faults against a real kvtierd and worker processes"};
-  app.add_option("--workers", o.workers, "Worker processes")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  app.add_option("--kills", o.kills, "Worker kill -9s")
-      ->check(CLI::Range(0, 100000))
-      ->capture_default_str();
-  app.add_option("--stalls", o.stalls, "Daemon SIGSTOPs past the RPC deadline")
-      ->check(CLI::Range(0, 1000))
-      ->capture_default_str();
-  app.add_option("--restarts", o.restarts, "Daemon kill -9 and restart")
-      ->check(CLI::Range(0, 100))
-      ->capture_default_str();
-  app.add_option("--reloads", o.reloads,
-                 "SIGHUP reloads: lease doubled with per-worker limits, then back")
-      ->check(CLI::Range(0, 1000))
-      ->capture_default_str();
-  app.add_option("--lease-stalls", o.lease_stalls, "Daemon SIGSTOPs past the lease (TTL + 500 ms)")
-      ->check(CLI::Range(0, 100))
-      ->capture_default_str();
-  app.add_option("--ttl-ms", o.ttl_ms, "Lease TTL")
-      ->check(CLI::Range(200, 60000))
-      ->capture_default_str();
-  kvtier::testing::SoakOptions soak;
-  app.add_option("--soak", soak.seconds,
-                 "Soak instead of faults: seconds of W workers x --sequences, no faults")
-      ->check(CLI::Range(10, 86400));
-  app.add_option("--sequences", soak.sequences, "Sequences per worker (--soak)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  app.add_option("--max-rss-growth", soak.max_rss_growth,
-                 "Largest daemon RSS growth after the first minute (--soak)")
-      ->check(CLI::Range(0.0, 10.0))
-      ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  if (app.count("--soak") > 0) {
-    if (app.count("--kills") + app.count("--stalls") + app.count("--restarts") +
-            app.count("--reloads") + app.count("--lease-stalls") >
-        0) {
-      std::fprintf(stderr,
-                   "kvtier-chaos: --soak injects no faults; drop --kills, --stalls and "
-                   "--restarts\n");
-      return 2;
-    }
-    soak.workers = app.count("--workers") > 0 ? o.workers : 32;
-    return kvtier::testing::RunSoak(soak);
-  }
-  if (app.count("--sequences") + app.count("--max-rss-growth") > 0) {
-    std::fprintf(stderr, "kvtier-chaos: --sequences and --max-rss-growth need --soak\n");
+  absl::StatusOr<kvtier::testing::ChaosOptions> o =
+      kvtier::testing::ParseChaosOptions(std::vector<std::string>(argv + 1, argv + argc));
+  if (!o.ok()) {
+    std::fprintf(stderr, "kvtier-chaos: %s\n", std::string(o.status().message()).c_str());
     return 2;
   }
-  return kvtier::testing::Run(o);
+  if (!o->help.empty()) {
+    std::printf("%s", o->help.c_str());
+    return 0;
+  }
+  return o->soak ? kvtier::testing::RunSoak(o->soak_options) : kvtier::testing::Run(*o);
 }

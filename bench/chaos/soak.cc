@@ -95,14 +95,7 @@ void OnTerm(int) { stop_worker = 1; }
   _exit(errors ? kStepErrors : 0);
 }
 
-double RssMiB(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return 0;
-}
+double RssMiB(pid_t pid) { return ResidentBytes(pid) / 1048576.0; }
 
 // Lines of `text` that report an error: the daemon's ERROR level, anything a worker printed.
 std::vector<std::string> ErrorLines(const std::string& text, bool every_line) {

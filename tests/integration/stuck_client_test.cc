@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -152,19 +151,6 @@ int64_t UnaccountedBytes(const v1::GetStatusResponse& s) {
     used -= static_cast<int64_t>(w.ddr_bytes() + w.compressed_bytes());
   }
   return used;
-}
-
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  uint64_t kib = 0;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      in >> kib;
-      break;
-    }
-  }
-  return kib << 10;
 }
 
 struct Daemon {

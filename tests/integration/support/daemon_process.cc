@@ -54,6 +54,15 @@ std::string ReadFile(const std::string& path) {
 
 }  // namespace
 
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) << 10;
+  }
+  return 0;
+}
+
 pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path) {
   pid_t pid = fork();
   if (pid != 0) return pid;

@@ -22,6 +22,9 @@ std::string BuiltProgram(const std::string& name);
 // `output_path`; returns its pid.
 pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path);
 
+// Resident memory of process `pid` (VmRSS), in bytes; 0 when it is gone.
+uint64_t ResidentBytes(pid_t pid);
+
 // Output and exit status of a finished program.
 struct RunResult {
   int exit_code = -1;

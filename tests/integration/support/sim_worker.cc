@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/status/status_macros.h"
@@ -16,6 +17,15 @@ namespace {
 inline uint8_t PatternByte(uint32_t stamp, uint64_t i) {
   uint64_t x = (uint64_t{stamp} * 0x9E3779B97F4A7C15ull) ^ (i * 0xBF58476D1CE4E5B9ull);
   return static_cast<uint8_t>(x >> 56);
+}
+
+// Extents the worker has mapped over both pools (each grows as grants need room).
+uint64_t MappedExtents(const WorkerClient& client) {
+  uint64_t n = 0;
+  for (v1::PoolKind kind : {v1::POOL_KIND_DDR, v1::POOL_KIND_COMPRESSED}) {
+    if (std::shared_ptr<PoolMapping> pool = client.pool(kind)) n += pool->mapped_extents();
+  }
+  return n;
 }
 
 }  // namespace
@@ -184,6 +194,7 @@ void RunSimWorkerProcess(const std::string& address, uint64_t seed, int progress
       continue;
     }
     std::vector<int> seqs;
+    uint64_t degraded = 0, mapped = 0;
     for (int i = 0; i < 2; ++i) {
       if (auto s = (*w)->Open(); s.ok()) seqs.push_back(*s);
     }
@@ -197,6 +208,14 @@ void RunSimWorkerProcess(const std::string& address, uint64_t seed, int progress
       if (!s.ok()) break;  // start over with fresh sequences
       progress.worker_id = (*w)->client().worker_id();
       ++progress.steps;
+      const SimStats& stats = (*w)->stats();
+      if (stats.degraded > degraded) {
+        progress.cannot_grow += absl::StrContains(stats.degraded_reason, "the pool cannot grow");
+        degraded = stats.degraded;
+      }
+      const uint64_t now_mapped = MappedExtents((*w)->client());
+      progress.grown += now_mapped > mapped;
+      mapped = now_mapped;
       if (progress_fd >= 0) (void)!write(progress_fd, &progress, sizeof(progress));
       absl::SleepFor(absl::Milliseconds(5 + rng() % 10));
     }

@@ -88,10 +88,12 @@ class SimWorker {
 };
 
 // What a worker process (RunSimWorkerProcess) reports after each verified step: its worker id
-// then and the steps it has made in all. Written whole (smaller than PIPE_BUF).
+// then, and counts over its whole life. Written whole (smaller than PIPE_BUF).
 struct SimProgress {
   uint64_t worker_id = 0;
   uint64_t steps = 0;
+  uint64_t cannot_grow = 0;  // plans degraded because the system refused to grow a pool
+  uint64_t grown = 0;        // plans after which the worker had mapped more pool extents
 };
 
 // The exit code of a worker process whose pages lost their bytes.
