@@ -7,6 +7,7 @@
 #include "core/tiering/plan.h"
 #include "kvtier/client.h"
 #include "worker/page_pool.h"
+#include "worker/runtime/daemon_pools.h"
 #include "worker/runtime/schedule_follow.h"
 
 namespace kvtier::worker {
@@ -176,11 +177,8 @@ absl::Status TieredSequence::Rejoin() {
   if (!promotions.empty()) {
     RETURN_IF_ERROR(store_->ApplyPlan(promotions, std::vector<SlotAssignment>(promotions.size())));
   }
-  auto ddr_pool = std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes(),
-                                                     ddr->device_mapped());
-  auto compressed_pool =
-      std::make_unique<ExternalPagePool>(PoolKind::kCompressed, compressed->data(),
-                                         compressed->data_bytes(), compressed->device_mapped());
+  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, *ddr);
+  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, *compressed);
   ASSIGN_OR_RETURN(uint64_t id,
                    client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag));
   RETURN_IF_ERROR(store_->RebindPools(ddr_pool.get(), compressed_pool.get()));

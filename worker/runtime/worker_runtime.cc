@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
 #include "kvtier/client.h"
+#include "worker/runtime/daemon_pools.h"
 #ifdef KVTIER_WITH_CUDA
 #include "worker/cuda/cuda_kv_backend.h"
 #endif
@@ -159,11 +160,8 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
   if (ddr == nullptr || compressed == nullptr) {
     return absl::UnavailableError("kvtierd gave no pools; is it running?");
   }
-  auto ddr_pool = std::make_unique<ExternalPagePool>(PoolKind::kDdr, ddr->data(), ddr->data_bytes(),
-                                                     ddr->device_mapped());
-  auto compressed_pool =
-      std::make_unique<ExternalPagePool>(PoolKind::kCompressed, compressed->data(),
-                                         compressed->data_bytes(), compressed->device_mapped());
+  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, *ddr);
+  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, *compressed);
   ASSIGN_OR_RETURN(auto store,
                    MakeStore(store_options, {arena_, ddr_pool.get(), compressed_pool.get()}));
   ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options.prompt_tokens, wire, options.tag));
