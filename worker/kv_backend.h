@@ -73,15 +73,15 @@ struct AttendCall {
   float* out = nullptr;            // [n][q_heads][head_dim]
   float* position_mass = nullptr;  // [length] or null
   uint32_t length = 0;
-  const StoredPage* pages = nullptr;  // the group's page table, at least NumPages(length)
-  const uint8_t* in_place = nullptr;  // [in_place_pages] marks (AttendedInPlace), or null
-  uint32_t in_place_pages = 0;        // pages past it are not marked
-  bool split = false;                 // some page of [0, length) is attended in place
-
-  uint8_t InPlaceMark(uint32_t page) const { return page < in_place_pages ? in_place[page] : 0; }
+  const StoredPage* pages = nullptr;         // the group's page table, at least NumPages(length)
+  const uint8_t* in_place = nullptr;         // [in_place_pages] marks (AttendedInPlace), or null
+  uint32_t in_place_pages = 0;               // pages past it are not marked
+  bool split = false;                        // some page of [0, length) is attended in place
   const uint8_t* const* keep = nullptr;      // per kv head [length] keep masks, or null
   const uint8_t* ddr_base = nullptr;         // host memory of the T1 pool (null: none)
   const uint8_t* compressed_base = nullptr;  // host memory of the T2 pool (null: none)
+
+  uint8_t InPlaceMark(uint32_t page) const { return page < in_place_pages ? in_place[page] : 0; }
 };
 
 // Not thread-safe: owned by one store and driven by its decode loop.

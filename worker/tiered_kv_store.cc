@@ -60,6 +60,9 @@ absl::Status ValidateOptions(const TieredKvStoreOptions& o, const StoreMemory& m
   return absl::OkStatus();
 }
 
+// Host memory of a pool, or null without one.
+const uint8_t* BaseOf(const PagePool* pool) { return pool != nullptr ? pool->base() : nullptr; }
+
 }  // namespace
 
 uint64_t KvLayout::ReservedBlockBytes(codecs::TensorRole role) const {
@@ -317,9 +320,8 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
   }
   call.split = n == 1 && SplitsAt(group, length);
   call.keep = keep_mask_ ? keep_rows_.data() : nullptr;
-  call.ddr_base = memory_.ddr_pool != nullptr ? memory_.ddr_pool->base() : nullptr;
-  call.compressed_base =
-      memory_.compressed_pool != nullptr ? memory_.compressed_pool->base() : nullptr;
+  call.ddr_base = BaseOf(memory_.ddr_pool);
+  call.compressed_base = BaseOf(memory_.compressed_pool);
   RETURN_IF_ERROR(backend_->Attend(call, stats_));
   stats_.attend_nanos += NanosSince(start);
   return absl::OkStatus();
@@ -378,9 +380,8 @@ absl::Status TieredKvStore::ReadPage(uint32_t group, uint32_t page, float* dst) 
     return absl::FailedPreconditionError(
         absl::StrCat("page ", page, " of group ", group, " is evicted"));
   }
-  return backend_->ReadPage(
-      e, group, memory_.ddr_pool != nullptr ? memory_.ddr_pool->base() : nullptr,
-      memory_.compressed_pool != nullptr ? memory_.compressed_pool->base() : nullptr, dst);
+  return backend_->ReadPage(e, group, BaseOf(memory_.ddr_pool), BaseOf(memory_.compressed_pool),
+                            dst);
 }
 
 }  // namespace kvtier::worker

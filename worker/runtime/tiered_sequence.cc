@@ -71,24 +71,14 @@ absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, 
   if (layer >= layer_mass_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   }
-  if (store_->backend().device_scores()) {
-    // The store accumulates the score on the device; it is read at re-tiering.
-    if (position_mass != nullptr) {
-      return absl::InvalidArgumentError(
-          "position_mass must be null on this backend: scores stay on the device");
-    }
-    {
-      ScopedTimer timer(&report_.attend_nanos);
-      RETURN_IF_ERROR(store_->Attend(layer, q, n, out, nullptr));
-    }
-    if (layer + 1 == layer_mass_.size()) return EndForwardPass(n);
-    return absl::OkStatus();
-  }
+  // A device-score backend keeps the mass on the device (read at re-tiering) and refuses a
+  // position_mass; the host one hands it over per layer, to be added up at the pass's end.
+  const bool device_scores = store_->backend().device_scores();
   std::vector<float>& mass = layer_mass_[layer];
-  mass.resize(store_->Length(layer));
+  if (!device_scores) mass.resize(store_->Length(layer));
   {
     ScopedTimer timer(&report_.attend_nanos);
-    RETURN_IF_ERROR(store_->Attend(layer, q, n, out, mass.data()));
+    RETURN_IF_ERROR(store_->Attend(layer, q, n, out, device_scores ? position_mass : mass.data()));
   }
   if (position_mass != nullptr) std::copy(mass.begin(), mass.end(), position_mass);
   if (layer + 1 == layer_mass_.size()) return EndForwardPass(n);

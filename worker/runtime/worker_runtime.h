@@ -42,8 +42,8 @@ struct RuntimeOptions {
   // sequences then take device pointers (TieredSequence). Create fails with
   // FAILED_PRECONDITION on a build without CUDA or a machine without a device.
   StoreBackend backend = StoreBackend::kHost;
-  void* cuda_stream =
-      nullptr;  // kCuda: the engine's compute stream (a cudaStream_t); 0 = default stream
+  // kCuda: the engine's compute stream (a cudaStream_t); null = the default stream.
+  void* cuda_stream = nullptr;
   uint64_t local_ddr_bytes = 2ull << 30;
   uint64_t local_compressed_bytes = 1ull << 30;
   bool portable_kernel = false;  // force the portable attention kernel
