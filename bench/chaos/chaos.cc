@@ -217,7 +217,7 @@ int Run(const ChaosOptions& o) {
     std::fprintf(stderr, "kvtier-chaos: %s\n", std::string(daemon.status().message()).c_str());
     return 2;
   }
-  std::mt19937_64 rng(20261201);
+  std::mt19937_64 rng(o.seed);
   struct Worker {
     bool killed = false;  // by us
     absl::Time spawned;
@@ -441,9 +441,10 @@ int Run(const ChaosOptions& o) {
             reloads_applied == reloads;
   std::printf(
       "kvtier-chaos: %d workers, %d kills, %d daemon stalls, %d daemon restarts, %d reloads, "
-      "%d stalls past the lease, %zu stuck clients, %zu full tmpfs windows, lease %d ms\n",
+      "%d stalls past the lease, %zu stuck clients, %zu full tmpfs windows, lease %d ms, "
+      "seed %llu\n",
       o.workers, kills, stalls, restarts, reloads, lease_stalls, nf.stuck.size(), nf.full.size(),
-      o.ttl_ms);
+      o.ttl_ms, static_cast<unsigned long long>(o.seed));
   std::printf("| check | figure | target |\n|---|---|---|\n");
   std::printf("| workers, slots and extents left after TTL + 1 s | %.0f, %.0f B, %.0f B | 0 |\n",
               left_workers, left_used, left_reserved);

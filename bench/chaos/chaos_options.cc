@@ -42,6 +42,15 @@ absl::StatusOr<ChaosOptions> ParseChaosOptions(const std::vector<std::string>& a
   app.add_option("--full-ms", o.full_ms, "How long the tmpfs stays full each time")
       ->check(CLI::Range(100, 60000))
       ->capture_default_str();
+  app.add_option("--seed", o.seed,
+                 "Random seed: the faults' order, moments and victims, and the workers' data "
+                 "(printed in the report; rerun a failing run with it)")
+      ->check(CLI::Validator(  // CLI11 would wrap "-3" into a uint64
+          [](std::string& v) {
+            return !v.empty() && v[0] == '-' ? "a seed is 0 or more, not " + v : std::string();
+          },
+          ""))
+      ->capture_default_str();
   app.add_option("--soak", o.soak_options.seconds,
                  "Soak instead of faults: seconds of W workers x --sequences, no faults")
       ->check(CLI::Range(10, 86400));
@@ -79,6 +88,7 @@ absl::StatusOr<ChaosOptions> ParseChaosOptions(const std::vector<std::string>& a
                                                      absl::StrJoin(faults, ", ")));
     }
     o.soak_options.workers = app.count("--workers") > 0 ? o.workers : 32;
+    o.soak_options.seed = o.seed;
     return o;
   }
   const std::vector<std::string> soak_only = given({"--sequences", "--max-rss-growth"});

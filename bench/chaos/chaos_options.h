@@ -5,6 +5,7 @@
 // duration is range-checked, and options that contradict each other are refused, each with an
 // INVALID_ARGUMENT that names the option and the value. Stateless; thread-safe.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct ChaosOptions {
   int ttl_ms = 1000;            // lease TTL
   int unread_timeout_ms = 500;  // server.unread_timeout_ms
   int full_ms = 1500;           // how long the tmpfs stays full each time
+  uint64_t seed = 20261201;     // the faults' order, moments and victims; the workers' data
   bool soak = false;            // --soak given: `soak_options` apply, no faults
   SoakOptions soak_options;
   std::string help;  // non-empty: --help was asked for; print it and exit 0

@@ -137,15 +137,15 @@ int RunSoak(const SoakOptions& o) {
       const int fd = open(absl::StrCat(dir, "/worker-", i, ".log").c_str(),
                           O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 2);
-      SoakWorker("unix:" + d.socket_path, o.sequences, 1000 + i, absl::Milliseconds(50));
+      SoakWorker("unix:" + d.socket_path, o.sequences, o.seed + i, absl::Milliseconds(50));
     }
     workers.push_back(pid);
   }
   const absl::Time start = absl::Now();
   const double first_minute = std::min(60.0, o.seconds / 10.0);
   double rss_at_minute = 0, rss_max_after = 0, rss_last = 0;
-  std::printf("kvtier-chaos --soak: %d workers x %d sequences, %d s\n", o.workers, o.sequences,
-              o.seconds);
+  std::printf("kvtier-chaos --soak: %d workers x %d sequences, %d s, seed %llu\n", o.workers,
+              o.sequences, o.seconds, static_cast<unsigned long long>(o.seed));
   std::printf("| t s | daemon RSS MiB | workers | sequences | DDR used MiB | plans |\n");
   std::printf("|---|---|---|---|---|---|\n");
   const auto row = [&](double t, double rss) {

@@ -7,6 +7,8 @@
 // extent accounting is back to zero once every worker closed, and that no process logged an
 // error. Prints the samples and the checks as tables; exit 0 only when every check passes.
 
+#include <cstdint>
+
 namespace kvtier::testing {
 
 struct SoakOptions {
@@ -14,7 +16,8 @@ struct SoakOptions {
   int sequences = 8;
   int seconds = 600;
   double max_rss_growth = 0.05;
-  int sample_seconds = 30;  // one table row per this many seconds
+  int sample_seconds = 30;   // one table row per this many seconds
+  uint64_t seed = 20261201;  // worker i's data comes from seed + i
 };
 
 int RunSoak(const SoakOptions& options);

@@ -91,6 +91,17 @@ TEST(ChaosOptionsTest, ASoakTakesNoFaultAndNamesTheOnesGiven) {
   EXPECT_EQ(o->soak_options.workers, 32);  // the soak's own default, not the faults'
 }
 
+TEST(ChaosOptionsTest, TheSeedReachesTheFaultsAndTheSoak) {
+  absl::StatusOr<ChaosOptions> o = Parse({"--seed", "42", "--kills", "3"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->seed, 42u);
+  o = Parse({"--soak", "60", "--seed", "7"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->soak_options.seed, 7u);
+  EXPECT_NE(Parse({}).value().seed, 42u);  // a default, not the last value parsed
+  EXPECT_THAT(Error({"--seed", "-3"}), AllOf(HasSubstr("--seed"), HasSubstr("-3")));
+}
+
 TEST(ChaosOptionsTest, HelpListsTheNewFaults) {
   absl::StatusOr<ChaosOptions> o = Parse({"--help"});
   ASSERT_TRUE(o.ok()) << o.status();
