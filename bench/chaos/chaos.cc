@@ -187,302 +187,363 @@ bool PrintNewFaultRows(const ChaosOptions& o, const NewFaultFigures& f, double r
   return ok;
 }
 
-int Run(const ChaosOptions& o) {
-  const int port = *FreeLoopbackPort();
-  const std::string dir = "/tmp/kvtier-chaos-" + std::to_string(getpid());
-  std::string mk = "mkdir -p " + dir;
-  if (std::system(mk.c_str()) != 0) return 2;
-  const std::string sock = dir + "/kvtierd.sock";
-  DaemonProcess::Options d;
-  d.socket_path = sock;
-  d.metrics_address = absl::StrCat("127.0.0.1:", port);
-  NewFaultFigures nf;
-  std::unique_ptr<FullTmpfs> tmpfs;
-  if (o.full_tmpfs > 0) {
-    // Room for both budgets twice: a restarted daemon needs them free while the workers still
-    // map the old daemon's extents.
-    nf.tmpfs_bytes = 2 * (uint64_t{d.ddr_mib} + d.compressed_mib + 8) << 20;
-    absl::StatusOr<std::unique_ptr<FullTmpfs>> mounted =
-        FullTmpfs::Mount(dir + "/extents", nf.tmpfs_bytes);
-    if (mounted.ok()) {
-      tmpfs = *std::move(mounted);
-    } else {
-      nf.tmpfs_not_run = std::string(mounted.status().message());
+// One run of the fault harness: the daemon, the workers it forks, and the counts each fault
+// leaves behind. Not thread-safe: main's thread drives it.
+class ChaosRun {
+ public:
+  explicit ChaosRun(const ChaosOptions& o) : o_(o), rng_(o.seed), ttl_now_(o.ttl_ms) {}
+
+  // 0: every check passed; 1: a check failed; 2: the run could not be set up.
+  int Run() {
+    if (!Start()) return 2;
+    for (char f : FaultPlan()) {
+      absl::SleepFor(absl::Milliseconds(100 + rng_() % 300));
+      ReapChildren();
+      if (!Inject(f)) return 2;
     }
+    if (ttl_now_ != o_.ttl_ms) Reload();  // back to the starting lease for the final checks
+    absl::SleepFor(absl::Seconds(1));
+    ReapChildren();
+    const bool ok = Report();
+    (*daemon_)->Stop(SIGTERM);
+    for (auto& [pid, w] : workers_) close(w.fd);
+    while (waitpid(-1, nullptr, 0) > 0) {
+    }
+    return ok ? 0 : 1;
   }
-  const std::string extent_dir = tmpfs ? tmpfs->dir() : "";
-  d.config_text = ChaosConfig(o, o.ttl_ms, false, extent_dir);
-  auto daemon = DaemonProcess::Start(d);
-  if (!daemon.ok()) {
-    std::fprintf(stderr, "kvtier-chaos: %s\n", std::string(daemon.status().message()).c_str());
-    return 2;
-  }
-  std::mt19937_64 rng(o.seed);
+
+ private:
   struct Worker {
     bool killed = false;  // by us
     absl::Time spawned;
     int fd = -1;  // its progress pipe
     SimProgress last;
   };
-  std::map<pid_t, Worker> workers;
-  SimProgress retired;  // the counts of workers that ended
-  bool respawn = true;
-  auto spawn = [&] {
-    const auto [pid, fd] = SpawnWorker("unix:" + sock, rng());
-    if (pid > 0) workers[pid] = {false, absl::Now(), fd, {}};
-  };
-  const auto drain = [](Worker& w) {
+
+  bool Start() {
+    port_ = *FreeLoopbackPort();
+    const std::string dir = "/tmp/kvtier-chaos-" + std::to_string(getpid());
+    if (std::system(("mkdir -p " + dir).c_str()) != 0) return false;
+    sock_ = dir + "/kvtierd.sock";
+    d_.socket_path = sock_;
+    d_.metrics_address = absl::StrCat("127.0.0.1:", port_);
+    if (o_.full_tmpfs > 0) {
+      // Room for both budgets twice: a restarted daemon needs them free while the workers still
+      // map the old daemon's extents.
+      nf_.tmpfs_bytes = 2 * (uint64_t{d_.ddr_mib} + d_.compressed_mib + 8) << 20;
+      absl::StatusOr<std::unique_ptr<FullTmpfs>> mounted =
+          FullTmpfs::Mount(dir + "/extents", nf_.tmpfs_bytes);
+      if (mounted.ok()) {
+        tmpfs_ = *std::move(mounted);
+      } else {
+        nf_.tmpfs_not_run = std::string(mounted.status().message());
+      }
+    }
+    extent_dir_ = tmpfs_ ? tmpfs_->dir() : "";
+    d_.config_text = ChaosConfig(o_, o_.ttl_ms, false, extent_dir_);
+    daemon_ = DaemonProcess::Start(d_);
+    if (!daemon_.ok()) {
+      std::fprintf(stderr, "kvtier-chaos: %s\n", std::string(daemon_.status().message()).c_str());
+      return false;
+    }
+    for (int i = 0; i < o_.workers; ++i) Spawn();
+    absl::SleepFor(absl::Seconds(1));
+    run_start_ = absl::Now();
+    return true;
+  }
+
+  // The faults, in random order.
+  std::vector<char> FaultPlan() {
+    std::vector<char> faults;
+    faults.insert(faults.end(), o_.kills, 'k');
+    faults.insert(faults.end(), o_.stalls, 's');
+    faults.insert(faults.end(), o_.restarts, 'r');
+    faults.insert(faults.end(), o_.reloads, 'h');
+    faults.insert(faults.end(), o_.lease_stalls, 'l');
+    faults.insert(faults.end(), o_.stuck_clients, 'c');
+    if (tmpfs_) faults.insert(faults.end(), o_.full_tmpfs, 'f');
+    std::shuffle(faults.begin(), faults.end(), rng_);
+    return faults;
+  }
+
+  // False when the daemon could not be restarted.
+  bool Inject(char f) {
+    switch (f) {
+      case 'k':
+        KillWorker();
+        return true;
+      case 's':
+        // Past the RPC deadline (200 ms), within the lease.
+        (void)(*daemon_)->Signal(SIGSTOP);
+        absl::SleepFor(absl::Milliseconds(std::min(600, ttl_now_ / 2)));
+        (void)(*daemon_)->Signal(SIGCONT);
+        ++stalls_;
+        return true;
+      case 'h':
+        Reload();
+        return true;
+      case 'l':
+        StallPastTheLease();
+        return true;
+      case 'c': {
+        const absl::Time t0 = absl::Now();
+        nf_.stuck.push_back(
+            RunStuckClient(**daemon_, port_, absl::Milliseconds(o_.unread_timeout_ms + 5000)));
+        nf_.stuck_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+        return true;
+      }
+      case 'f':
+        FillTmpfs();
+        return true;
+      default:
+        return RestartDaemon();
+    }
+  }
+
+  void Spawn() {
+    const auto [pid, fd] = SpawnWorker("unix:" + sock_, rng_());
+    if (pid > 0) workers_[pid] = {false, absl::Now(), fd, {}};
+  }
+
+  static void Drain(Worker& w) {
     SimProgress p;
     while (read(w.fd, &p, sizeof(p)) == sizeof(p)) w.last = p;
-  };
+  }
+
   // The workers' counts over the whole run.
-  const auto totals = [&] {
-    SimProgress t = retired;
-    for (auto& [pid, w] : workers) {
-      drain(w);
+  SimProgress Totals() {
+    SimProgress t = retired_;
+    for (auto& [pid, w] : workers_) {
+      Drain(w);
       t.cannot_grow += w.last.cannot_grow;
       t.grown += w.last.grown;
     }
     return t;
-  };
-  for (int i = 0; i < o.workers; ++i) spawn();
-  absl::SleepFor(absl::Seconds(1));
-  const absl::Time run_start = absl::Now();
+  }
 
-  std::vector<double> reclaim_ms;
-  double worst_over_ttl_ms = 0;  // reclaim minus the lease TTL in force, worst case
-  int crashes = 0, kills = 0, stalls = 0, restarts = 0, corrupted = 0;
-  int reloads = 0, reloads_applied = 0, lease_stalls = 0;
-  double stall_reaped = 0, stall_back = 0;  // leases reaped by, workers registered after, them
-  int ttl_now = o.ttl_ms;                   // a reload doubles it and the next one restores it
-  double plans_before = 0;                  // served by the daemons a restart replaced
+  double Metric(const char* name) const { return ScrapeMetric(port_, name); }
+
   // Reloads alternate between the doubled lease with tight limits and the starting config.
-  const auto reload = [&] {
-    const bool tight = ttl_now == o.ttl_ms;
-    const int before = Count((*daemon)->Log(), "SIGHUP: reloaded");
-    const int ttl = tight ? 2 * o.ttl_ms : o.ttl_ms;
-    if (!(*daemon)->RewriteConfig(ChaosConfig(o, ttl, tight, extent_dir)).ok()) return;
-    (void)(*daemon)->Signal(SIGHUP);
-    ++reloads;
+  void Reload() {
+    const bool tight = ttl_now_ == o_.ttl_ms;
+    const int before = Count((*daemon_)->Log(), "SIGHUP: reloaded");
+    const int ttl = tight ? 2 * o_.ttl_ms : o_.ttl_ms;
+    if (!(*daemon_)->RewriteConfig(ChaosConfig(o_, ttl, tight, extent_dir_)).ok()) return;
+    (void)(*daemon_)->Signal(SIGHUP);
+    ++reloads_;
     const absl::Time t0 = absl::Now();
     while (absl::Now() - t0 < absl::Seconds(5)) {
-      if (Count((*daemon)->Log(), "SIGHUP: reloaded") > before) {
-        ++reloads_applied;
-        ttl_now = ttl;
+      if (Count((*daemon_)->Log(), "SIGHUP: reloaded") > before) {
+        ++reloads_applied_;
+        ttl_now_ = ttl;
         return;
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
-  };
-  auto reap_children = [&] {
+  }
+
+  void ReapChildren() {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-      auto it = workers.find(pid);
-      if (it == workers.end()) continue;
+      auto it = workers_.find(pid);
+      if (it == workers_.end()) continue;
       const bool ours = it->second.killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
       if (!ours) {
-        ++crashes;
-        corrupted += WIFEXITED(status) && WEXITSTATUS(status) == kSimCorrupted;
+        ++crashes_;
+        corrupted_ += WIFEXITED(status) && WEXITSTATUS(status) == kSimCorrupted;
         std::fprintf(stderr, "worker %d died on its own (status %d)\n", pid, status);
       }
-      drain(it->second);
-      retired.cannot_grow += it->second.last.cannot_grow;
-      retired.grown += it->second.last.grown;
+      Drain(it->second);
+      retired_.cannot_grow += it->second.last.cannot_grow;
+      retired_.grown += it->second.last.grown;
       close(it->second.fd);
-      workers.erase(it);
-      if (respawn) spawn();
+      workers_.erase(it);
+      if (respawn_) Spawn();
     }
-  };
+  }
+
+  // kill -9 one worker that has had time to register, mid-plan or not, and time until the
+  // daemon reaps its lease.
+  void KillWorker() {
+    std::vector<pid_t> ready;
+    for (const auto& [pid, w] : workers_) {
+      if (absl::Now() - w.spawned > absl::Milliseconds(700)) ready.push_back(pid);
+    }
+    if (ready.empty()) return;
+    auto it = workers_.find(ready[rng_() % ready.size()]);
+    const double expired = Metric("kvtier_lease_expirations_total");
+    it->second.killed = true;
+    kill(it->first, SIGKILL);
+    const absl::Time t0 = absl::Now();
+    ++kills_;
+    while (absl::Now() - t0 < absl::Milliseconds(ttl_now_ * 3)) {
+      if (Metric("kvtier_lease_expirations_total") > expired) {
+        reclaim_ms_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+        worst_over_ttl_ms_ = std::max(worst_over_ttl_ms_, reclaim_ms_.back() - ttl_now_);
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
+  // Past the lease: every worker's lease lapses meanwhile; they must register again and tier on,
+  // none may crash or see a page change.
+  void StallPastTheLease() {
+    const double expired = Metric("kvtier_lease_expirations_total");
+    (void)(*daemon_)->Signal(SIGSTOP);
+    absl::SleepFor(absl::Milliseconds(ttl_now_ + 500));
+    (void)(*daemon_)->Signal(SIGCONT);
+    ++lease_stalls_;
+    absl::SleepFor(absl::Seconds(2));
+    stall_reaped_ += Metric("kvtier_lease_expirations_total") - expired;
+    stall_back_ += Metric("kvtier_registry_workers");
+  }
+
+  bool RestartDaemon() {
+    plans_before_ += Metric("kvtier_snapshots_total");  // the new daemon counts anew
+    (*daemon_)->Stop(SIGKILL);
+    daemon_ = DaemonProcess::Start(d_);
+    if (!daemon_.ok()) {
+      std::fprintf(stderr, "restart failed: %s\n", std::string(daemon_.status().message()).c_str());
+      return false;
+    }
+    ++restarts_;
+    ttl_now_ = o_.ttl_ms;  // the restarted daemon reads the starting config
+    return true;
+  }
+
   // The tmpfs kept full for --full-ms (extents come and go meanwhile), then the room given back.
-  const auto fill_tmpfs = [&] {
+  void FillTmpfs() {
     // At the starting config: a reload's 1 MiB per-worker quota would refuse slots before the
     // tmpfs does (the next reload imposes it again).
-    if (ttl_now != o.ttl_ms) reload();
+    if (ttl_now_ != o_.ttl_ms) Reload();
     NewFaultFigures::Full w;
-    const SimProgress before = totals();
-    const double failures = ScrapeMetric(port, "kvtier_pool_allocation_failures_total");
-    const double plans = ScrapeMetric(port, "kvtier_snapshots_total");
+    const SimProgress before = Totals();
+    const double failures = Metric("kvtier_pool_allocation_failures_total");
+    const double plans = Metric("kvtier_snapshots_total");
     // Workers replaced now need extents of their own while the tmpfs is full (the others hold
     // theirs by then), more than the two spares per pool made before; the room their
     // predecessors' extents free is filled again.
     const absl::Time t0 = absl::Now();
-    (void)tmpfs->Fill();
-    int replace = std::min(o.workers, std::max(3, o.workers / 2));
-    for (auto& [pid, worker] : workers) {
+    (void)tmpfs_->Fill();
+    int replace = std::min(o_.workers, std::max(3, o_.workers / 2));
+    for (auto& [pid, worker] : workers_) {
       if (replace == 0) break;
       if (t0 - worker.spawned < absl::Milliseconds(700)) continue;
       worker.killed = true;
       kill(pid, SIGKILL);
       --replace;
     }
-    // Full for --full-ms, and on until a plan says the pool cannot grow (up to 10 s): whether
-    // a worker needs a new extent soon is up to its sequences.
-    for (absl::Duration t; (t = absl::Now() - t0) < absl::Milliseconds(o.full_ms) ||
+    // Full for --full-ms, and on until a plan says the pool cannot grow (up to 10 s): whether a
+    // worker needs a new extent soon is up to its sequences.
+    for (absl::Duration t; (t = absl::Now() - t0) < absl::Milliseconds(o_.full_ms) ||
                            (w.felt_ms < 0 && t < absl::Seconds(10));) {
-      (void)tmpfs->Fill();
-      reap_children();
-      if (w.felt_ms < 0 && totals().cannot_grow > before.cannot_grow) {
+      (void)tmpfs_->Fill();
+      ReapChildren();
+      if (w.felt_ms < 0 && Totals().cannot_grow > before.cannot_grow) {
         w.felt_ms = absl::ToDoubleMilliseconds(t);
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
-    const SimProgress during = totals();
+    const SimProgress during = Totals();
     w.cannot_grow = during.cannot_grow - before.cannot_grow;
     w.grown = during.grown - before.grown;
-    w.failures = ScrapeMetric(port, "kvtier_pool_allocation_failures_total") - failures;
-    w.plans = ScrapeMetric(port, "kvtier_snapshots_total") - plans;
-    tmpfs->Drain();
+    w.failures = Metric("kvtier_pool_allocation_failures_total") - failures;
+    w.plans = Metric("kvtier_snapshots_total") - plans;
+    tmpfs_->Drain();
     for (const absl::Time t1 = absl::Now(); absl::Now() - t1 < absl::Seconds(5);) {
-      if (totals().grown > during.grown) {
+      if (Totals().grown > during.grown) {
         w.back_ms = absl::ToDoubleMilliseconds(absl::Now() - t1);
         break;
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
-    nf.full.push_back(w);
-  };
-  // The plan of faults, in random order.
-  std::vector<char> faults;
-  faults.insert(faults.end(), o.kills, 'k');
-  faults.insert(faults.end(), o.stalls, 's');
-  faults.insert(faults.end(), o.restarts, 'r');
-  faults.insert(faults.end(), o.reloads, 'h');
-  faults.insert(faults.end(), o.lease_stalls, 'l');
-  faults.insert(faults.end(), o.stuck_clients, 'c');
-  if (tmpfs) faults.insert(faults.end(), o.full_tmpfs, 'f');
-  std::shuffle(faults.begin(), faults.end(), rng);
-  for (char f : faults) {
-    absl::SleepFor(absl::Milliseconds(100 + rng() % 300));
-    reap_children();
-    if (f == 'k') {
-      // kill -9 one worker that has had time to register, mid-plan or not, and time until the
-      // daemon reaps its lease.
-      std::vector<pid_t> ready;
-      for (const auto& [pid, w] : workers) {
-        if (absl::Now() - w.spawned > absl::Milliseconds(700)) ready.push_back(pid);
-      }
-      if (ready.empty()) continue;
-      auto it = workers.find(ready[rng() % ready.size()]);
-      const double expired = ScrapeMetric(port, "kvtier_lease_expirations_total");
-      it->second.killed = true;
-      kill(it->first, SIGKILL);
-      const absl::Time t0 = absl::Now();
-      ++kills;
-      while (absl::Now() - t0 < absl::Milliseconds(ttl_now * 3)) {
-        if (ScrapeMetric(port, "kvtier_lease_expirations_total") > expired) {
-          reclaim_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
-          worst_over_ttl_ms = std::max(worst_over_ttl_ms, reclaim_ms.back() - ttl_now);
-          break;
-        }
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-    } else if (f == 's') {
-      // Past the RPC deadline (200 ms), within the lease.
-      (void)(*daemon)->Signal(SIGSTOP);
-      absl::SleepFor(absl::Milliseconds(std::min(600, ttl_now / 2)));
-      (void)(*daemon)->Signal(SIGCONT);
-      ++stalls;
-    } else if (f == 'h') {
-      reload();
-    } else if (f == 'l') {
-      // Past the lease: every worker's lease lapses meanwhile; they must register again and
-      // tier on, none may crash or see a page change.
-      const double expired = ScrapeMetric(port, "kvtier_lease_expirations_total");
-      (void)(*daemon)->Signal(SIGSTOP);
-      absl::SleepFor(absl::Milliseconds(ttl_now + 500));
-      (void)(*daemon)->Signal(SIGCONT);
-      ++lease_stalls;
-      absl::SleepFor(absl::Seconds(2));
-      stall_reaped += ScrapeMetric(port, "kvtier_lease_expirations_total") - expired;
-      stall_back += ScrapeMetric(port, "kvtier_registry_workers");
-    } else if (f == 'c') {
-      const absl::Time t0 = absl::Now();
-      nf.stuck.push_back(
-          RunStuckClient(**daemon, port, absl::Milliseconds(o.unread_timeout_ms + 5000)));
-      nf.stuck_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
-    } else if (f == 'f') {
-      fill_tmpfs();
-    } else {
-      plans_before += ScrapeMetric(port, "kvtier_snapshots_total");  // the new daemon counts anew
-      (*daemon)->Stop(SIGKILL);
-      daemon = DaemonProcess::Start(d);
-      if (!daemon.ok()) {
-        std::fprintf(stderr, "restart failed: %s\n",
-                     std::string(daemon.status().message()).c_str());
-        return 2;
-      }
-      ++restarts;
-      ttl_now = o.ttl_ms;  // the restarted daemon reads the starting config
+    nf_.full.push_back(w);
+  }
+
+  // Ends every worker, waits TTL + 1 s and prints the table; true when every target was met.
+  bool Report() {
+    const double plans = plans_before_ + Metric("kvtier_snapshots_total");
+    const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start_);
+    respawn_ = false;
+    for (auto& [pid, w] : workers_) {
+      w.killed = true;
+      kill(pid, SIGKILL);
     }
-  }
-  if (ttl_now != o.ttl_ms) reload();  // back to the starting lease for the final checks
-  absl::SleepFor(absl::Seconds(1));
-  reap_children();
-  const double plans = plans_before + ScrapeMetric(port, "kvtier_snapshots_total");
-  const double run_seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
-  // Every worker gone: after TTL + 1 s nothing may be left.
-  respawn = false;
-  for (auto& [pid, w] : workers) {
-    w.killed = true;
-    kill(pid, SIGKILL);
-  }
-  absl::SleepFor(absl::Milliseconds(ttl_now + 1000));
-  reap_children();
-  const double left_workers = ScrapeMetric(port, "kvtier_registry_workers");
-  const double left_used = ScrapeMetric(port, "kvtier_pool_used_bytes");
-  const double left_reserved = ScrapeMetric(port, "kvtier_pool_reserved_bytes");
-  const double ttl1 = ttl_now + 1000;
-  const double p99 = Percentile(reclaim_ms, 0.99);
-  const double max =
-      reclaim_ms.empty() ? 0 : *std::max_element(reclaim_ms.begin(), reclaim_ms.end());
-  bool ok = left_workers == 0 && left_used == 0 && left_reserved == 0 && crashes == 0 &&
-            worst_over_ttl_ms <= 1000 && (kills == 0 || !reclaim_ms.empty()) &&
-            reloads_applied == reloads;
-  std::printf(
-      "kvtier-chaos: %d workers, %d kills, %d daemon stalls, %d daemon restarts, %d reloads, "
-      "%d stalls past the lease, %zu stuck clients, %zu full tmpfs windows, lease %d ms, "
-      "seed %llu\n",
-      o.workers, kills, stalls, restarts, reloads, lease_stalls, nf.stuck.size(), nf.full.size(),
-      o.ttl_ms, static_cast<unsigned long long>(o.seed));
-  std::printf("| check | figure | target |\n|---|---|---|\n");
-  std::printf("| workers, slots and extents left after TTL + 1 s | %.0f, %.0f B, %.0f B | 0 |\n",
-              left_workers, left_used, left_reserved);
-  std::printf(
-      "| reclaim after a kill -9: p50 / p99 / max | %.0f / %.0f / %.0f ms (measured for %zu of "
-      "%d kills; a worker killed while connecting has no lease to reap) | <= %.0f ms%s |\n",
-      Percentile(reclaim_ms, 0.5), p99, max, reclaim_ms.size(), kills, ttl1,
-      reloads > 0 ? " at the starting lease (next row)" : "");
-  if (reloads > 0) {
+    absl::SleepFor(absl::Milliseconds(ttl_now_ + 1000));
+    ReapChildren();
+    const double left_workers = Metric("kvtier_registry_workers");
+    const double left_used = Metric("kvtier_pool_used_bytes");
+    const double left_reserved = Metric("kvtier_pool_reserved_bytes");
+    const double ttl1 = ttl_now_ + 1000;
+    const double p99 = Percentile(reclaim_ms_, 0.99);
+    const double max =
+        reclaim_ms_.empty() ? 0 : *std::max_element(reclaim_ms_.begin(), reclaim_ms_.end());
+    bool ok = left_workers == 0 && left_used == 0 && left_reserved == 0 && crashes_ == 0 &&
+              worst_over_ttl_ms_ <= 1000 && (kills_ == 0 || !reclaim_ms_.empty()) &&
+              reloads_applied_ == reloads_ && plans > 0;
     std::printf(
-        "| reclaim beyond the lease in force (a reload doubles it) | worst %.0f ms | <= 1000 ms "
-        "|\n",
-        worst_over_ttl_ms);
+        "kvtier-chaos: %d workers, %d kills, %d daemon stalls, %d daemon restarts, %d reloads, "
+        "%d stalls past the lease, %zu stuck clients, %zu full tmpfs windows, lease %d ms, "
+        "seed %llu\n",
+        o_.workers, kills_, stalls_, restarts_, reloads_, lease_stalls_, nf_.stuck.size(),
+        nf_.full.size(), o_.ttl_ms, static_cast<unsigned long long>(o_.seed));
+    std::printf("| check | figure | target |\n|---|---|---|\n");
+    std::printf("| workers, slots and extents left after TTL + 1 s | %.0f, %.0f B, %.0f B | 0 |\n",
+                left_workers, left_used, left_reserved);
     std::printf(
-        "| SIGHUP reloads applied mid-run (lease x2 with 1 sequence and 1 MiB DDR per worker, "
-        "and back) | %d of %d | all |\n",
-        reloads_applied, reloads);
-  }
-  if (lease_stalls > 0) {
+        "| reclaim after a kill -9: p50 / p99 / max | %.0f / %.0f / %.0f ms (measured for %zu of "
+        "%d kills; a worker killed while connecting has no lease to reap) | <= %.0f ms%s |\n",
+        Percentile(reclaim_ms_, 0.5), p99, max, reclaim_ms_.size(), kills_, ttl1,
+        reloads_ > 0 ? " at the starting lease (next row)" : "");
+    if (reloads_ > 0) {
+      std::printf(
+          "| reclaim beyond the lease in force (a reload doubles it) | worst %.0f ms | <= 1000 ms "
+          "|\n",
+          worst_over_ttl_ms_);
+      std::printf(
+          "| SIGHUP reloads applied mid-run (lease x2 with 1 sequence and 1 MiB DDR per worker, "
+          "and back) | %d of %d | all |\n",
+          reloads_applied_, reloads_);
+    }
+    if (lease_stalls_ > 0) {
+      std::printf(
+          "| daemon SIGSTOPped past the lease (TTL + 500 ms): leases reaped; workers registered 2 "
+          "s later | %d stalls: %.0f reaped; %.0f of %d | - |\n",
+          lease_stalls_, stall_reaped_, stall_back_, lease_stalls_ * o_.workers);
+    }
+    ok &= PrintNewFaultRows(o_, nf_, run_seconds, plans);
     std::printf(
-        "| daemon SIGSTOPped past the lease (TTL + 500 ms): leases reaped; workers registered 2 s "
-        "later | %d stalls: %.0f reaped; %.0f of %d | - |\n",
-        lease_stalls, stall_reaped, stall_back, lease_stalls * o.workers);
+        "| workers that died on their own (a page that lost its bytes: exit %d) | %d (%d with "
+        "corrupted pages) | 0 |\n",
+        kSimCorrupted, crashes_, corrupted_);
+    std::printf("| plans served | %.0f | > 0 |\n", plans);
+    std::printf("result: %s%s\n", ok ? "PASS" : "FAIL",
+                nf_.tmpfs_not_run.empty() ? "" : " (a full tmpfs: not run)");
+    return ok;
   }
-  ok &= PrintNewFaultRows(o, nf, run_seconds, plans);
-  std::printf(
-      "| workers that died on their own (a page that lost its bytes: exit %d) | %d (%d with "
-      "corrupted pages) | 0 |\n",
-      kSimCorrupted, crashes, corrupted);
-  std::printf("| plans served | %.0f | > 0 |\n", plans);
-  std::printf("result: %s%s\n", ok ? "PASS" : "FAIL",
-              nf.tmpfs_not_run.empty() ? "" : " (a full tmpfs: not run)");
-  (*daemon)->Stop(SIGTERM);
-  for (auto& [pid, w] : workers) close(w.fd);
-  while (waitpid(-1, nullptr, 0) > 0) {
-  }
-  return ok && plans > 0 ? 0 : 1;
-}
+
+  const ChaosOptions& o_;
+  std::mt19937_64 rng_;
+  int port_ = 0;
+  std::string sock_, extent_dir_;
+  DaemonProcess::Options d_;
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon_;
+  std::unique_ptr<FullTmpfs> tmpfs_;
+  NewFaultFigures nf_;
+  std::map<pid_t, Worker> workers_;
+  SimProgress retired_;  // the counts of workers that ended
+  bool respawn_ = true;
+  absl::Time run_start_;
+  std::vector<double> reclaim_ms_;
+  double worst_over_ttl_ms_ = 0;  // reclaim minus the lease TTL in force, worst case
+  int crashes_ = 0, kills_ = 0, stalls_ = 0, restarts_ = 0, corrupted_ = 0;
+  int reloads_ = 0, reloads_applied_ = 0, lease_stalls_ = 0;
+  double stall_reaped_ = 0, stall_back_ = 0;  // leases reaped by, workers registered after, them
+  int ttl_now_;                               // a reload doubles it and the next one restores it
+  double plans_before_ = 0;                   // served by the daemons a restart replaced
+};
 
 }  // namespace
 }  // namespace kvtier::testing
@@ -498,5 +559,5 @@ int main(int argc, char** argv) {
     std::printf("%s", o->help.c_str());
     return 0;
   }
-  return o->soak ? kvtier::testing::RunSoak(o->soak_options) : kvtier::testing::Run(*o);
+  return o->soak ? kvtier::testing::RunSoak(o->soak_options) : kvtier::testing::ChaosRun(*o).Run();
 }
