@@ -4,7 +4,6 @@
 // and KVTIER_FAKE_CUDA in a process's environment tells its driver where to fail. Workers that
 // must fail differently from this test's own run as kvtier-sim-worker processes.
 
-#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include "tests/integration/support/daemon_process.h"
 #include "tests/integration/support/http_get.h"
 #include "tests/integration/support/sim_worker.h"
+#include "tests/support/fake_cuda_driver.h"
 
 namespace kvtier::testing {
 namespace {
@@ -94,17 +94,6 @@ std::string Value(const std::string& output, const std::string& key) {
   return output.substr(from, output.find('\n', from) - from);
 }
 
-// Live handles, mappings and reservations of this process's fake driver.
-std::vector<int> LocalFakeLive() {
-  void* lib = dlopen(FakeLibrary().c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) return {};
-  auto live = reinterpret_cast<void (*)(int*)>(dlsym(lib, "kvtier_fake_cuda_live"));
-  std::vector<int> counts(3, -1);
-  if (live != nullptr) live(counts.data());
-  dlclose(lib);
-  return counts;
-}
-
 double Metric(const Daemon& d, const std::string& name) {
   return ScrapeMetric(d.metrics_port, name);
 }
@@ -135,6 +124,20 @@ RunResult RunKvtierd(const std::string& pools, const std::string& fake_spec) {
 
 uint32_t Mapped(SimWorker& w, v1::PoolKind kind) { return w.client().pool(kind)->mapped_extents(); }
 
+// Checks which of `w`'s pools are CUDA VMM (as kvtierd served them: no fallback of the worker's
+// own), then tiers a new sequence for `steps` steps, every page verified after every plan. Call
+// under ASSERT_NO_FATAL_FAILURE.
+void TierOverPools(SimWorker& w, bool ddr_vmm, bool compressed_vmm, int steps) {
+  EXPECT_EQ(w.client().pool(v1::POOL_KIND_DDR)->device_mapped(), ddr_vmm);
+  EXPECT_EQ(w.client().pool(v1::POOL_KIND_COMPRESSED)->device_mapped(), compressed_vmm);
+  EXPECT_EQ(w.client().pool_fallback_reason(), "");
+  auto seq = w.Open();
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  for (int step = 0; step < steps; ++step) ASSERT_TRUE(w.Step(*seq, 256).ok()) << step;
+  EXPECT_GT(w.stats().moves, 0u);
+  EXPECT_GT(w.stats().verified_pages, 0u);  // read back through the mapping after every plan
+}
+
 // (a) A driver on both sides: "auto" makes both pools CUDA VMM, the worker imports and maps its
 // extents for the device and the host, the bytes it writes are in kvtierd's allocations, and
 // kvtierd's figures count exactly the extents the worker mapped.
@@ -146,20 +149,14 @@ TEST(CudaVmmFallbackTest, AutoWithADriverServesCudaVmmPoolsThatAWorkerMapsForThe
       << d.process->Log();
   auto w = LocalWorker(*d.process, 1);
   ASSERT_NE(w, nullptr);
-  EXPECT_TRUE(w->client().pool(v1::POOL_KIND_DDR)->device_mapped());
-  EXPECT_TRUE(w->client().pool(v1::POOL_KIND_COMPRESSED)->device_mapped());
-  EXPECT_EQ(w->client().pool_fallback_reason(), "");
-  auto seq = w->Open();
-  ASSERT_TRUE(seq.ok()) << seq.status();
-  for (int step = 0; step < 8; ++step) ASSERT_TRUE(w->Step(*seq, 256).ok()) << step;
-  EXPECT_GT(w->stats().moves, 0u);
-  EXPECT_GT(w->stats().verified_pages, 0u);  // read back through the mapping after every plan
+  ASSERT_NO_FATAL_FAILURE(TierOverPools(*w, true, true, 8));
   const uint32_t ddr = Mapped(*w, v1::POOL_KIND_DDR), cmp = Mapped(*w, v1::POOL_KIND_COMPRESSED);
   ASSERT_GT(ddr, 1u);  // the pool grew after registration
   ASSERT_GT(cmp, 0u);
 
   // This process's driver holds one mapping per extent and one range per pool, no handle.
-  EXPECT_EQ(LocalFakeLive(), (std::vector<int>{0, static_cast<int>(ddr + cmp), 2}));
+  EXPECT_EQ(LiveInLoadedFakeLibrary(FakeLibrary()),
+            (std::vector<int>{0, static_cast<int>(ddr + cmp), 2}));
   // The daemon: exactly those extents, and the granted slots' bytes.
   EXPECT_EQ(Metric(d, "kvtier_pool_reserved_bytes{tier=\"T1\"}"), ddr * kMiB);
   EXPECT_EQ(Metric(d, "kvtier_pool_reserved_bytes{tier=\"T2\"}"), cmp * kMiB);
@@ -194,14 +191,9 @@ TEST(CudaVmmFallbackTest, AWorkerThatCannotReserveAtRegistrationFallsBackToMemfd
   EXPECT_NE(r.output.find("registered ddr_device_mapped=0 compressed_device_mapped=0"),
             std::string::npos)
       << r.output;
-  EXPECT_EQ(Value(r.output, "fallback_reason")
-                .rfind("DDR pool is CUDA VMM memory: "
-                       "cuMemAddressReserve(",
-                       0),
-            0u)
-      << r.output;
-  EXPECT_NE(Value(r.output, "fallback_reason").find("injected failure (CUresult 999)"),
-            std::string::npos);
+  const std::string reason = Value(r.output, "fallback_reason");
+  EXPECT_EQ(reason.rfind("DDR pool is CUDA VMM memory: cuMemAddressReserve(", 0), 0u) << r.output;
+  EXPECT_NE(reason.find("injected failure (CUresult 999)"), std::string::npos) << reason;
   EXPECT_EQ(Value(r.output, "steps_ok"), "6") << r.output;
   EXPECT_EQ(Value(r.output, "fallback_step"), "0") << r.output;
   EXPECT_EQ(Value(r.output, "fake_live"), "0,0,0") << r.output;
@@ -305,12 +297,7 @@ TEST(CudaVmmFallbackTest, ADriverTooOldIsRefusedByCudaVmmAndAutoFallsBackToMemfd
       << d.process->Log();
   auto w = LocalWorker(*d.process, 2);
   ASSERT_NE(w, nullptr);
-  EXPECT_FALSE(w->client().pool(v1::POOL_KIND_DDR)->device_mapped());
-  EXPECT_EQ(w->client().pool_fallback_reason(), "");  // memfd was what the daemon served
-  auto seq = w->Open();
-  ASSERT_TRUE(seq.ok()) << seq.status();
-  for (int step = 0; step < 4; ++step) ASSERT_TRUE(w->Step(*seq, 256).ok());
-  EXPECT_GT(w->stats().moves, 0u);
+  ASSERT_NO_FATAL_FAILURE(TierOverPools(*w, false, false, 4));  // memfd was what kvtierd served
 }
 
 // (e) The host cannot pin a DDR extent (cuMemCreate out of memory for 4 MiB): "cuda_vmm" refuses
@@ -335,15 +322,10 @@ TEST(CudaVmmFallbackTest, APoolTheHostCannotPinIsRefusedByCudaVmmAndMemfdUnderAu
       << d.process->Log();
   auto w = LocalWorker(*d.process, 3);
   ASSERT_NE(w, nullptr);
-  EXPECT_FALSE(w->client().pool(v1::POOL_KIND_DDR)->device_mapped());
-  EXPECT_TRUE(w->client().pool(v1::POOL_KIND_COMPRESSED)->device_mapped());
-  EXPECT_EQ(w->client().pool_fallback_reason(), "");
-  auto seq = w->Open();
-  ASSERT_TRUE(seq.ok()) << seq.status();
-  for (int step = 0; step < 8; ++step) ASSERT_TRUE(w->Step(*seq, 256).ok()) << step;
+  ASSERT_NO_FATAL_FAILURE(TierOverPools(*w, false, true, 8));
   EXPECT_GT(Mapped(*w, v1::POOL_KIND_DDR), 0u);
   EXPECT_GT(Mapped(*w, v1::POOL_KIND_COMPRESSED), 0u);  // T2 pages in imported memory
-  EXPECT_EQ(LocalFakeLive(),
+  EXPECT_EQ(LiveInLoadedFakeLibrary(FakeLibrary()),
             (std::vector<int>{0, static_cast<int>(Mapped(*w, v1::POOL_KIND_COMPRESSED)), 1}));
 }
 

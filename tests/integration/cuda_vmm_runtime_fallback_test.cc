@@ -5,7 +5,6 @@
 // step's attention output stays bit-identical to a full cache. One test per process: this
 // process's fake is configured from KVTIER_FAKE_CUDA before anything loads it.
 
-#include <dlfcn.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "tests/integration/support/daemon_process.h"
+#include "tests/support/fake_cuda_driver.h"
 #include "tests/support/lossless_runtime.h"
 #include "tests/support/synthetic_engine.h"
 #include "worker/runtime/worker_runtime.h"
@@ -33,17 +33,6 @@ using kvtier::testing::SyntheticEngine;
 // Pages of 64 KiB (4 layers x 2 KV heads x 64 x f32 x 16 tokens x K,V): 16 per 1 MiB extent.
 AttentionShape Shape() {
   return {.num_layers = 4, .num_q_heads = 4, .num_kv_heads = 2, .head_dim = 64, .scale = 0};
-}
-
-// Live handles, mappings and reservations of this process's fake driver.
-std::vector<int> FakeLive(const std::string& library) {
-  void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) return {};
-  auto live = reinterpret_cast<void (*)(int*)>(dlsym(lib, "kvtier_fake_cuda_live"));
-  std::vector<int> counts(3, -1);
-  if (live != nullptr) live(counts.data());
-  dlclose(lib);
-  return counts;
 }
 
 TEST(CudaVmmRuntimeFallbackTest, ASequenceKeepsItsBytesAcrossAnImportFailingAtPlanTime) {
@@ -104,7 +93,7 @@ TEST(CudaVmmRuntimeFallbackTest, ASequenceKeepsItsBytesAcrossAnImportFailingAtPl
   EXPECT_TRUE((*tiered)->daemon_backed());
   EXPECT_GT((*tiered)->Report().tokens[1], 0u);  // offloading again, into memfd pools
   // The old pools were unmapped once the sequence had brought its pages home.
-  EXPECT_EQ(FakeLive(fake), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(kvtier::testing::LiveInLoadedFakeLibrary(fake), (std::vector<int>{0, 0, 0}));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tests/support/fake_cuda_driver.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -309,6 +310,16 @@ edge::cuda::DriverApi FakeCudaDriver::Table() {
     return edge::cuda::kSuccess;
   };
   return a;
+}
+
+std::vector<int> LiveInLoadedFakeLibrary(const std::string& library) {
+  void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return {};
+  auto live = reinterpret_cast<void (*)(int*)>(dlsym(lib, "kvtier_fake_cuda_live"));
+  std::vector<int> counts(3, -1);
+  if (live != nullptr) live(counts.data());
+  dlclose(lib);
+  return counts;
 }
 
 }  // namespace kvtier::testing

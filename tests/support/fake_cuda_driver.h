@@ -113,6 +113,10 @@ class FakeCudaDriver {
   edge::cuda::MemHandle next_handle_ = 1;
 };
 
+// The live handles, mappings and reservations of libkvtier_fake_cuda.so at `library` in this
+// process ({} when this process has not loaded it).
+std::vector<int> LiveInLoadedFakeLibrary(const std::string& library);
+
 }  // namespace kvtier::testing
 
 #endif  // KVTIER_TESTS_SUPPORT_FAKE_CUDA_DRIVER_H_

@@ -18,12 +18,14 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "tests/integration/support/sim_worker.h"
+#include "tests/support/fake_cuda_driver.h"
 
 namespace kvtier::testing {
 namespace {
@@ -71,17 +73,8 @@ bool Parse(int argc, char** argv, Flags* f) {
 
 // The fake driver's live objects in this process, if that is the library the worker loaded.
 std::string FakeLive(const std::string& library) {
-  void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) return "none";
-  auto live = reinterpret_cast<void (*)(int*)>(dlsym(lib, "kvtier_fake_cuda_live"));
-  std::string out = "none";
-  if (live != nullptr) {
-    int counts[3] = {-1, -1, -1};
-    live(counts);
-    out = absl::StrCat(counts[0], ",", counts[1], ",", counts[2]);
-  }
-  dlclose(lib);
-  return out;
+  const std::vector<int> live = LiveInLoadedFakeLibrary(library);
+  return live.empty() ? "none" : absl::StrCat(live[0], ",", live[1], ",", live[2]);
 }
 
 uint32_t VmmExtents(WorkerClient& client) {
