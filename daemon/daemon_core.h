@@ -49,6 +49,8 @@ struct CoreOptions {
   // given: memfd unless a pool is kCudaVmm, which needs `cuda`.
   std::string pool_backend = "auto";
   int numa_node = -1;
+  // pools.cuda_library: the driver library kvtierd loads for CUDA VMM pools (dlopen name or path).
+  std::string cuda_library = "libcuda.so.1";
   std::array<ExtentMemory, 2> pool_memory = {ExtentMemory::kMemfd, ExtentMemory::kMemfd};
   std::shared_ptr<const edge::cuda::Driver> cuda;
   int pinned_numa_node = 0;            // where CUDA VMM pools are pinned

@@ -139,6 +139,15 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
     c->core.pool_backend = *v;
     return absl::OkStatus();
   };
+  s["pools.cuda_library"] = [c](const toml::node& n, const std::string& where) -> absl::Status {
+    auto v = n.value<std::string>();
+    if (!v || !n.is_string() || v->empty()) {
+      return Bad(where, absl::StrCat(v ? absl::StrCat("= \"", *v, "\" ") : std::string(),
+                                     "must be a library name or path such as \"libcuda.so.1\""));
+    }
+    c->core.cuda_library = *v;
+    return absl::OkStatus();
+  };
   s["pools.numa_node"] =
       Integer([c](int64_t v) { c->core.numa_node = static_cast<int>(v); }, -1, 4095);
   s["leases.ttl_ms"] = Millis(&c->core.lease_ttl, 100);

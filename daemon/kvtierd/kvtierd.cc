@@ -235,8 +235,8 @@ int Serve(const Flags& flags, DaemonConfig config) {
     exposer->RegisterCollectable(metrics->registry());
     log.Info(absl::StrCat("metrics on http://", config.server.metrics_address, "/metrics"));
   }
-  absl::StatusOr<std::string> pool_memory =
-      ResolvePoolBackend(&config.core, [] { return edge::cuda::Driver::Load(); });
+  absl::StatusOr<std::string> pool_memory = ResolvePoolBackend(
+      &config.core, [&config] { return edge::cuda::Driver::Load(config.core.cuda_library); });
   if (!pool_memory.ok()) {
     log.Error(absl::StrCat("cannot create pools: ", pool_memory.status().message()));
     return 1;

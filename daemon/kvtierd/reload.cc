@@ -80,6 +80,7 @@ ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh
   later.Number("pools.extent_mib", a.extent_bytes >> 20, b.extent_bytes >> 20);
   later.Text("pools.extent_dir", a.extent_dir, b.extent_dir);
   later.Text("pools.backend", a.pool_backend, b.pool_backend);
+  later.Text("pools.cuda_library", a.cuda_library, b.cuda_library);
   later.Text("pools.numa_node", absl::StrCat(a.numa_node), absl::StrCat(b.numa_node));
   later.Millis("schedules.assumed_step_ms", a.assumed_step, b.assumed_step);
   later.Number("limits.max_snapshot_entries", a.max_snapshot_entries, b.max_snapshot_entries);

@@ -1,9 +1,19 @@
 #include "tests/support/fake_cuda_driver.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace kvtier::testing {
 namespace {
@@ -17,6 +27,34 @@ constexpr Result kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
 FakeCudaDriver* g_fake = nullptr;
 
 FakeCudaDriver& Fake() { return *g_fake; }
+
+// The entry points edge/cuda_driver.cc binds: the names failure rules may give.
+constexpr const char* kEntryPoints[] = {"cuInit",
+                                        "cuDriverGetVersion",
+                                        "cuDeviceGetCount",
+                                        "cuDeviceGet",
+                                        "cuDeviceGetAttribute",
+                                        "cuMemGetAllocationGranularity",
+                                        "cuMemCreate",
+                                        "cuMemRelease",
+                                        "cuMemExportToShareableHandle",
+                                        "cuMemImportFromShareableHandle",
+                                        "cuMemAddressReserve",
+                                        "cuMemAddressFree",
+                                        "cuMemMap",
+                                        "cuMemUnmap",
+                                        "cuMemSetAccess",
+                                        "cuGetErrorString"};
+
+bool IsEntryPoint(absl::string_view name) {
+  return std::find(std::begin(kEntryPoints), std::end(kEntryPoints), name) !=
+         std::end(kEntryPoints);
+}
+
+absl::Status BadItem(absl::string_view item, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(FakeCudaDriver::kEnv, ": item \"", item, "\" ", why));
+}
 
 void* AsPointer(DevicePtr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
 
@@ -36,15 +74,74 @@ std::shared_ptr<const edge::cuda::Driver> FakeCudaDriver::Load() {
   return std::shared_ptr<const edge::cuda::Driver>(*std::move(d));
 }
 
-void FakeCudaDriver::FailNext(const std::string& name, Result result) { fail_next_[name] = result; }
+void FakeCudaDriver::FailNext(const std::string& name, Result result) {
+  rules_.push_back({.name = name, .times = 1, .result = result});
+}
 
-Result FakeCudaDriver::Enter(const char* name) {
+absl::Status FakeCudaDriver::Configure(absl::string_view spec) {
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+    if (absl::Status s = ConfigureItem(absl::StripAsciiWhitespace(item)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeCudaDriver::ConfigureItem(absl::string_view item) {
+  if (const size_t eq = item.find('='); eq != absl::string_view::npos && item.find(':') > eq) {
+    const absl::string_view key = item.substr(0, eq);
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(item.substr(eq + 1), &v) || v < 0) {
+      return BadItem(item, "needs a non-negative integer after '='");
+    }
+    if (key == "version") {
+      version = static_cast<int>(v);
+    } else if (key == "devices") {
+      devices = static_cast<int>(v);
+    } else if (key == "granularity" && v > 0) {
+      granularity = static_cast<uint64_t>(v);
+    } else if (key == "host_numa_id") {
+      host_numa_id = static_cast<int>(v);
+    } else if (key == "host_numa_vmm") {
+      host_numa_vmm_supported = v != 0;
+    } else {
+      return BadItem(item,
+                     "is not one of version=, devices=, granularity= (positive), "
+                     "host_numa_id=, host_numa_vmm=");
+    }
+    return absl::OkStatus();
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
+  if (!IsEntryPoint(parts[0])) {
+    return BadItem(item, "names no entry point of edge/cuda_driver (cuInit, cuMemCreate, ...)");
+  }
+  FailRule rule{.name = std::string(parts[0])};
+  for (size_t i = 1; i < parts.size(); ++i) {
+    absl::string_view p = parts[i];
+    if (p == "oom") {
+      rule.result = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+      continue;
+    }
+    uint64_t* field = absl::ConsumePrefix(&p, "after=")   ? &rule.after
+                      : absl::ConsumePrefix(&p, "above=") ? &rule.above
+                                                          : nullptr;
+    if (field == nullptr || !absl::SimpleAtoi(p, field)) {
+      return BadItem(item,
+                     absl::StrCat("has \"", parts[i], "\": expected after=N, above=BYTES or oom"));
+    }
+    rule.sized = rule.sized || field == &rule.above;
+  }
+  rules_.push_back(std::move(rule));
+  return absl::OkStatus();
+}
+
+Result FakeCudaDriver::Enter(const char* name, uint64_t bytes) {
   calls.emplace_back(name);
-  auto it = fail_next_.find(name);
-  if (it == fail_next_.end()) return edge::cuda::kSuccess;
-  const Result r = it->second;
-  fail_next_.erase(it);
-  return r;
+  for (FailRule& rule : rules_) {
+    if (rule.times == 0 || rule.name != name || (rule.sized && bytes <= rule.above)) continue;
+    if (++rule.seen <= rule.after) continue;
+    if (rule.times > 0) --rule.times;
+    return rule.result;
+  }
+  return edge::cuda::kSuccess;
 }
 
 Result FakeCudaDriver::Create(MemHandle* h, size_t size,
@@ -171,7 +268,7 @@ edge::cuda::DriverApi FakeCudaDriver::Table() {
   };
   a.MemCreate = [](MemHandle* h, size_t size, const edge::cuda::MemAllocationProp* prop,
                    unsigned long long) {
-    Result r = Fake().Enter("cuMemCreate");
+    Result r = Fake().Enter("cuMemCreate", size);
     return r != edge::cuda::kSuccess ? r : Fake().Create(h, size, prop);
   };
   a.MemRelease = [](MemHandle h) {
@@ -189,7 +286,7 @@ edge::cuda::DriverApi FakeCudaDriver::Table() {
   };
   a.MemAddressReserve = [](DevicePtr* p, size_t size, size_t alignment, DevicePtr,
                            unsigned long long) {
-    Result r = Fake().Enter("cuMemAddressReserve");
+    Result r = Fake().Enter("cuMemAddressReserve", size);
     return r != edge::cuda::kSuccess ? r : Fake().Reserve(p, size, alignment);
   };
   a.MemAddressFree = [](DevicePtr p, size_t size) {
@@ -197,7 +294,7 @@ edge::cuda::DriverApi FakeCudaDriver::Table() {
     return r != edge::cuda::kSuccess ? r : Fake().Free(p, size);
   };
   a.MemMap = [](DevicePtr p, size_t size, size_t, MemHandle h, unsigned long long) {
-    Result r = Fake().Enter("cuMemMap");
+    Result r = Fake().Enter("cuMemMap", size);
     return r != edge::cuda::kSuccess ? r : Fake().Map(p, size, h);
   };
   a.MemUnmap = [](DevicePtr p, size_t size) {
@@ -209,10 +306,20 @@ edge::cuda::DriverApi FakeCudaDriver::Table() {
     return r != edge::cuda::kSuccess ? r : Fake().SetAccess(p, size, d, n);
   };
   a.GetErrorString = [](Result r, const char** text) {
-    *text = r == 2 ? "out of memory" : r == 999 ? "injected failure" : "fake CUDA error";
+    *text = r == 2 ? "out of memory" : r == kInjected ? "injected failure" : "fake CUDA error";
     return edge::cuda::kSuccess;
   };
   return a;
+}
+
+std::vector<int> LiveInLoadedFakeLibrary(const std::string& library) {
+  void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return {};
+  auto live = reinterpret_cast<void (*)(int*)>(dlsym(lib, "kvtier_fake_cuda_live"));
+  std::vector<int> counts(3, -1);
+  if (live != nullptr) live(counts.data());
+  dlclose(lib);
+  return counts;
 }
 
 }  // namespace kvtier::testing

@@ -9,8 +9,13 @@
 // call is recorded, any call can be made to fail, and the live handles, mappings and ranges are
 // counted, so tests can show that a failure leaks nothing.
 //
+// The same fake is also a real shared library, libkvtier_fake_cuda.so (fake_cuda_library.cc),
+// which exports the driver's C entry points over one instance configured from the environment
+// variable KVTIER_FAKE_CUDA (Configure's syntax), so that separate processes (kvtierd, a worker)
+// can load it by name and be told to fail at a given step.
+//
 // Not thread-safe; at most one instance at a time (the table's plain functions reach it through
-// a static pointer).
+// a static pointer). The shared library serializes every call on one mutex.
 
 #include <cstdint>
 #include <map>
@@ -18,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "edge/cuda_driver.h"
 
 namespace kvtier::testing {
@@ -33,8 +40,25 @@ class FakeCudaDriver {
   static edge::cuda::DriverApi Table();
   std::shared_ptr<const edge::cuda::Driver> Load();
 
+  // The environment variable the shared library reads its configuration from.
+  static constexpr char kEnv[] = "KVTIER_FAKE_CUDA";
+  // What failed calls return unless told otherwise ("injected failure").
+  static constexpr edge::cuda::Result kInjected = 999;
+
   // The next call to the entry point named `name` ("cuMemCreate", ...) returns `result`.
-  void FailNext(const std::string& name, edge::cuda::Result result = 999);
+  void FailNext(const std::string& name, edge::cuda::Result result = kInjected);
+
+  // Applies `spec`, a comma-separated list of items:
+  //   version=N  devices=N  granularity=BYTES  host_numa_id=N  host_numa_vmm=0|1
+  //     what the fake reports (cuDriverGetVersion 12010 is CUDA 12.1);
+  //   cuName[:after=N][:above=BYTES][:oom]
+  //     every call to the entry point cuName fails (CUresult 999, or 2 = out of memory with
+  //     :oom) once N calls to it have succeeded (default 0); with :above only calls for more
+  //     than BYTES (cuMemCreate, cuMemMap, cuMemAddressReserve sizes) count and fail.
+  // E.g. "cuMemImportFromShareableHandle:after=1" (the second import fails, and every later
+  // one), "version=12010", "cuMemCreate:oom:above=2097152". INVALID_ARGUMENT naming the item
+  // and what is wrong with it; items before a bad one stay applied.
+  absl::Status Configure(absl::string_view spec);
 
   // What the fake reports.
   int version = 13000;
@@ -51,7 +75,9 @@ class FakeCudaDriver {
   int live_reservations() const { return static_cast<int>(reservations_.size()); }
 
   // Implementation of the table's entry points (public for the trampolines in the .cc).
-  edge::cuda::Result Enter(const char* name);
+  // Records the call; the result a failure rule gives it (kSuccess: go on). `bytes`: the size
+  // the call is for, 0 when it has none.
+  edge::cuda::Result Enter(const char* name, uint64_t bytes = 0);
   edge::cuda::Result Create(edge::cuda::MemHandle* h, size_t size,
                             const edge::cuda::MemAllocationProp* prop);
   edge::cuda::Result Release(edge::cuda::MemHandle h);
@@ -69,12 +95,27 @@ class FakeCudaDriver {
     int fd;  // this handle's own descriptor of the allocation's memfd
     uint64_t bytes;
   };
-  std::map<std::string, edge::cuda::Result> fail_next_;
+  struct FailRule {
+    std::string name;
+    uint64_t after = 0;  // calls that succeed before the rule bites
+    bool sized = false;  // only calls for more than `above` bytes count
+    uint64_t above = 0;
+    int64_t times = -1;  // failures left; -1 = every call from then on
+    edge::cuda::Result result = kInjected;
+    uint64_t seen = 0;  // matching calls so far
+  };
+  absl::Status ConfigureItem(absl::string_view item);
+
+  std::vector<FailRule> rules_;
   std::map<edge::cuda::MemHandle, Handle> handles_;
   std::map<edge::cuda::DevicePtr, uint64_t> mappings_;      // address -> bytes
   std::map<edge::cuda::DevicePtr, uint64_t> reservations_;  // address -> bytes
   edge::cuda::MemHandle next_handle_ = 1;
 };
+
+// The live handles, mappings and reservations of libkvtier_fake_cuda.so at `library` in this
+// process ({} when this process has not loaded it).
+std::vector<int> LiveInLoadedFakeLibrary(const std::string& library);
 
 }  // namespace kvtier::testing
 

@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   }
   ClientOptions client;
   client.address = options.daemon_address;
+  client.cuda_library = options.cuda_library;
   v1::RegisterWorkerRequest& r = client.registration;
   r.set_worker_name(absl::StrCat(options.worker_name, "-", getpid()));
   v1::ModelGeometry* g = r.mutable_geometry();

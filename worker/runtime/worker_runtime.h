@@ -37,6 +37,8 @@ struct RuntimeOptions {
   // "" = local mode (pools in this process); else kvtierd's address ("unix:/run/kvtier/...").
   std::string daemon_address;
   std::string worker_name = "kvtier-worker";
+  // Daemon mode: the CUDA driver library that maps CUDA VMM pools (ClientOptions::cuda_library).
+  std::string cuda_library = "libcuda.so.1";
   uint64_t arena_bytes = 8ull << 30;  // T0 budget (host memory on kHost, HBM on kCuda)
   // kCuda: T0 in HBM, T1/T2 pool memory pinned for DMA, attention and scores on the device;
   // sequences then take device pointers (TieredSequence). Create fails with

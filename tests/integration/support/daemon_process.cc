@@ -63,9 +63,11 @@ uint64_t ResidentBytes(pid_t pid) {
   return 0;
 }
 
-pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path) {
+pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path,
+                   const std::vector<std::string>& env) {
   pid_t pid = fork();
   if (pid != 0) return pid;
+  for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));  // the child's copy
   int fd = open(output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   dup2(fd, 1);
   dup2(fd, 2);
@@ -81,11 +83,12 @@ std::string BuiltProgram(const std::string& name) {
   return absl::StrCat(dir ? dir : "build", "/bin/", name);
 }
 
-RunResult RunProgram(const std::vector<std::string>& argv, absl::Duration timeout) {
+RunResult RunProgram(const std::vector<std::string>& argv, absl::Duration timeout,
+                     const std::vector<std::string>& env) {
   char tmpl[] = "/tmp/kvtier-run-XXXXXX";
   int fd = mkstemp(tmpl);
   close(fd);
-  pid_t pid = SpawnProgram(argv, tmpl);
+  pid_t pid = SpawnProgram(argv, tmpl, env);
   RunResult result;
   result.exit_code = WaitFor(pid, timeout);
   if (result.exit_code == -1) {
@@ -116,7 +119,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Option
       BuiltProgram("kvtierd"), "--config",  d->config_path_,        "--socket",
       d->socket_path_,         "--metrics", options.metrics_address};
   argv.insert(argv.end(), options.args.begin(), options.args.end());
-  d->pid_ = SpawnProgram(argv, d->log_path_);
+  d->pid_ = SpawnProgram(argv, d->log_path_, options.env);
   absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     if (SocketAccepts(d->socket_path_)) return d;

@@ -19,8 +19,9 @@ namespace kvtier::testing {
 std::string BuiltProgram(const std::string& name);
 
 // Starts `argv` (argv[0] a path) in the background with stdout and stderr appended to
-// `output_path`; returns its pid.
-pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path);
+// `output_path`, and `env` ("NAME=VALUE" each) added to its environment; returns its pid.
+pid_t SpawnProgram(const std::vector<std::string>& argv, const std::string& output_path,
+                   const std::vector<std::string>& env = {});
 
 // Resident memory of process `pid` (VmRSS), in bytes; 0 when it is gone.
 uint64_t ResidentBytes(pid_t pid);
@@ -30,15 +31,17 @@ struct RunResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
 };
-// Runs `argv` to completion (bounded by `timeout`), capturing its output.
+// Runs `argv` to completion (bounded by `timeout`), capturing its output; `env` as SpawnProgram.
 RunResult RunProgram(const std::vector<std::string>& argv,
-                     absl::Duration timeout = absl::Seconds(30));
+                     absl::Duration timeout = absl::Seconds(30),
+                     const std::vector<std::string>& env = {});
 
 class DaemonProcess {
  public:
   struct Options {
     std::string config_text;        // extra TOML written to a config file; "" = none
     std::vector<std::string> args;  // extra flags
+    std::vector<std::string> env;   // "NAME=VALUE" added to kvtierd's environment
     std::string socket_path;        // "" = a fresh one in the temp dir
     std::string metrics_address;    // --metrics host:port; "" = no metrics endpoint
     std::string shm_prefix;         // "" = one unique to this daemon

@@ -31,6 +31,7 @@ struct SimWorkerOptions {
   bool background_heartbeat = true;
   // RegisterWorkerRequest.pool_memory (CUDA_VMM: no silent memfd fallback).
   v1::PoolMemory pool_memory = v1::POOL_MEMORY_UNSPECIFIED;
+  std::string cuda_library = "libcuda.so.1";  // ClientOptions::cuda_library
 };
 
 struct SimStats {

@@ -21,6 +21,7 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->server.unread_timeout, built_in.server.unread_timeout);
   EXPECT_EQ(parsed->core.pool_backend, built_in.core.pool_backend);
   EXPECT_EQ(parsed->core.numa_node, built_in.core.numa_node);
+  EXPECT_EQ(parsed->core.cuda_library, built_in.core.cuda_library);
 }
 
 TEST(ConfigTest, ReadsEveryPoolBackendAndANumaNode) {
@@ -31,6 +32,9 @@ TEST(ConfigTest, ReadsEveryPoolBackendAndANumaNode) {
     EXPECT_EQ(c->core.pool_backend, backend);
     EXPECT_EQ(c->core.numa_node, 1);
   }
+  auto c = ParseConfig("[pools]\ncuda_library = \"/opt/fake/libcuda.so.1\"\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->core.cuda_library, "/opt/fake/libcuda.so.1");
 }
 
 TEST(ConfigTest, ReadsEveryKindOfValue) {
@@ -92,6 +96,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"[pools]\nbackend = \"vmm\"\n", "pools.backend = \"vmm\" must be"},
                       BadCase{"[pools]\nbackend = 1\n", "pools.backend = must be \"auto\""},
                       BadCase{"[pools]\nnuma_node = -2\n", "pools.numa_node = -2"},
+                      BadCase{"[pools]\ncuda_library = \"\"\n",
+                              "pools.cuda_library = \"\" must be a library name"},
                       BadCase{"[leases]\nttl_ms = 2000\nheartbeat_ms = 2000\n", "must exceed"},
                       BadCase{"[security]\nallow_uids = [\"root\"]\n", "security.allow_uids"},
                       BadCase{"[security]\noperator_uids = 0\n", "security.operator_uids"},
