@@ -194,7 +194,8 @@ TEST(StuckClientTest, AWorkerStoppedMidStreamIsReapedWhileTheOthersTierOn) {
   for (absl::Time t0 = absl::Now(); absl::Now() - t0 < absl::Seconds(20);) {
     kids.Poll();
     victim_id = kids.progress(victim).worker_id;
-    const v1::WorkerStatus* row = FindWorker(Status(*d.process), victim_id);
+    const v1::GetStatusResponse status = Status(*d.process);  // the row points into it
+    const v1::WorkerStatus* row = FindWorker(status, victim_id);
     if (row != nullptr && row->ddr_bytes() + row->compressed_bytes() > 0) break;
     victim_id = 0;
     absl::SleepFor(absl::Milliseconds(50));
