@@ -82,6 +82,9 @@ struct StoreStats {
   uint64_t t2_layers_reused = 0;       // (page, layer) blocks found already staged
   uint64_t attend_nanos = 0;           // time in Attend (staging + kernel)
   uint64_t split_attends = 0;          // Attend calls merged from two partials
+  // Host-to-device bytes copied into staging for attention, the next layer's prefetch included
+  // (device backends; 0 on the host backend, which reads T1 in place).
+  uint64_t staged_h2d_bytes = 0;
 };
 
 // The scale attention uses: options.scale, or 1/sqrt(head_dim) when it is 0.

@@ -199,7 +199,8 @@ class CudaKvBackend final : public KvBackend {
                                          const std::vector<uint8_t*>& staged);
   absl::Status EnsureScores(uint32_t length);
   absl::Status LaunchAttention(const AttendCall& call, const PageTable& table);
-  absl::Status PrefetchNext(const AttendCall& call);
+  // Host-to-device bytes it issued go to `stats`.
+  absl::Status PrefetchNext(const AttendCall& call, StoreStats& stats);
 
   KvLayout layout_;
   uint32_t num_q_heads_;
@@ -535,7 +536,7 @@ absl::Status CudaKvBackend::LaunchAttention(const AttendCall& call, const PageTa
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call) {
+absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, StoreStats& stats) {
   // One layer ahead, within the group (the pages of another group are another table).
   const uint32_t next = call.layer + 1;
   const layout::KvGeometry& g = layout_.geometry;
@@ -545,10 +546,12 @@ absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call) {
   }
   StageRequests(call, next, &requests_, &request_pages_);
   if (requests_.empty()) return absl::OkStatus();
-  return stager_->Prefetch(next, requests_).status();
+  ASSIGN_OR_RETURN(StagedLayer staged, stager_->Prefetch(next, requests_));
+  stats.staged_h2d_bytes += staged.copied_bytes;
+  return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& /*stats*/) {
+absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& stats) {
   // Pages a schedule leaves in place are staged like the rest: attention stays whole (exact).
   std::vector<uint8_t*> staged;
   if (stager_ != nullptr) {
@@ -557,13 +560,14 @@ absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& /*stats*/
       RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
       ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
       RETURN_IF_ERROR(stager_->Acquire(call.layer, compute_));
+      stats.staged_h2d_bytes += layer.copied_bytes;
       staged = std::move(layer.blocks);
     }
   }
   ASSIGN_OR_RETURN(PageTable * table, UploadTable(call, staged));
   RETURN_IF_ERROR(LaunchAttention(call, *table));
   if (!staged.empty()) RETURN_IF_ERROR(stager_->Release(call.layer, compute_));
-  return PrefetchNext(call);
+  return PrefetchNext(call, stats);
 }
 
 absl::Status CudaKvBackend::TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) {
