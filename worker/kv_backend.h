@@ -135,6 +135,20 @@ class KvBackend {
   virtual void Forget(uint32_t group, uint32_t page) = 0;
   // Attention of one layer; updates the staging counters of `stats`.
   virtual absl::Status Attend(const AttendCall& call, StoreStats& stats) = 0;
+  // Attention of one layer for several stores at once (TieredKvStore::AttendBatch): calls[i]
+  // is store i's call, run by backends[i] (this one is backends[0]) with stats[i]. The queries
+  // of the calls are consecutive rows of one buffer: calls[i].q (and .out) is calls[0].q plus
+  // the rows of the calls before it. A device backend runs one kernel over all of them; this
+  // default attends one call after the other, which gives the same results (a query's attention
+  // never depends on the others of a batch).
+  virtual absl::Status AttendBatch(const std::vector<KvBackend*>& backends,
+                                   const std::vector<AttendCall>& calls,
+                                   const std::vector<StoreStats*>& stats) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (absl::Status s = backends[i]->Attend(calls[i], *stats[i]); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   virtual void SetTaskRunner(kernels::TaskRunner* runner) { (void)runner; }
   // device_scores() only: scores[g] receives, for positions [0, length) of group g, the score
   // gained since the last call (the device copy restarts from zero). Once per re-tiering.

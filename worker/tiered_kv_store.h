@@ -125,6 +125,17 @@ class TieredKvStore final : public AttentionCache {
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
   void SetTaskRunner(kernels::TaskRunner* runner) override { backend_->SetTaskRunner(runner); }
+  // One decode query of `layer` per store (its last position), attended in one batch: on a
+  // device backend one kernel for all of them, elsewhere one after the other, the same results
+  // as one Attend(layer, q_i, 1, out_i, mass_i) per store. q and out are [stores.size()]
+  // [q_heads][head_dim] (the backends' memory); position_mass is empty or one pointer per store
+  // (null allowed; must be empty or all null on a device_scores backend). INVALID_ARGUMENT
+  // naming stores[i] (and changing nothing) for an empty or null list, a store listed twice,
+  // stores of another geometry, query-head count or backend kind than stores[0], a layer out of
+  // range or with no cached position, or a position_mass of another size.
+  static absl::Status AttendBatch(const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                                  const float* q, float* out,
+                                  const std::vector<float*>& position_mass = {});
 
   // --- Plans. Applies `moves` in order; slots[i] is the destination of moves[i]. The whole plan
   // is validated before any data moves; on error nothing changed. INVALID_ARGUMENT naming the
@@ -218,8 +229,12 @@ class TieredKvStore final : public AttentionCache {
   bool InPlaceNow(uint32_t group, uint32_t page) const;
   // The layer's decode-step positions have a live in-place page (split attention applies).
   bool SplitsAt(uint32_t group, uint32_t length) const;
+  // Validates an Attend and fills its call (keep_rows_ must outlive the call).
+  absl::Status PrepareAttend(uint32_t layer, const float* q, uint32_t n, float* out,
+                             float* position_mass, AttendCall* call);
 
   layout::KvGeometry geometry_;
+  uint32_t num_q_heads_;
   bool keep_mask_;
   StoreMemory memory_;
   const codecs::Codec* codec_;

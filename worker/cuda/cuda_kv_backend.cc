@@ -126,6 +126,9 @@ struct PageTable {
   uint8_t* dev = nullptr;
   uint64_t capacity = 0;
   cudaEvent_t uploaded = nullptr;
+  // Of the last upload: [pages] entries, then [queries] page offsets, then [queries] lengths.
+  uint64_t pages = 0;
+  uint32_t queries = 0;
 };
 
 kc::CodecKind CodecKindOf(const codecs::Codec& codec) {
@@ -182,6 +185,9 @@ class CudaKvBackend final : public KvBackend {
   absl::Status Drain() override;
   void Forget(uint32_t, uint32_t) override {}  // staged copies are keyed by version
   absl::Status Attend(const AttendCall& call, StoreStats& stats) override;
+  absl::Status AttendBatch(const std::vector<KvBackend*>& backends,
+                           const std::vector<AttendCall>& calls,
+                           const std::vector<StoreStats*>& stats) override;
   absl::Status TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) override;
 
  private:
@@ -195,10 +201,22 @@ class CudaKvBackend final : public KvBackend {
   // The layer's T1/T2 pages as staging requests, and their page indices.
   void StageRequests(const AttendCall& call, uint32_t layer, std::vector<StageRequest>* out,
                      std::vector<uint32_t>* pages) const;
-  absl::StatusOr<PageTable*> UploadTable(const AttendCall& call,
-                                         const std::vector<uint8_t*>& staged);
+  // One store's share of an attention launch: its call (run for `owner`, whose scores the
+  // mass goes to) and the device blocks staged for its T1/T2 pages, in page order.
+  struct LaunchPart {
+    CudaKvBackend* owner;
+    const AttendCall* call;
+    const std::vector<uint8_t*>* staged;
+  };
+  // Stages the call's T1/T2 pages and makes the compute stream wait for them.
+  absl::Status StageFor(const AttendCall& call, StoreStats& stats, std::vector<uint8_t*>* staged);
+  // After the launch: releases the staging slot and prefetches the next layer.
+  absl::Status FinishAttend(const AttendCall& call, bool staged, StoreStats& stats);
+  // One page table for every part (this backend's ring), queries in part order.
+  absl::StatusOr<PageTable*> UploadTable(const std::vector<LaunchPart>& parts);
   absl::Status EnsureScores(uint32_t length);
-  absl::Status LaunchAttention(const AttendCall& call, const PageTable& table);
+  // REQUIRES: the parts' queries (and outputs) are consecutive rows from parts[0].call->q.
+  absl::Status LaunchAttention(const std::vector<LaunchPart>& parts, const PageTable& table);
   // Host-to-device bytes it issued go to `stats`.
   absl::Status PrefetchNext(const AttendCall& call, StoreStats& stats);
 
@@ -429,11 +447,15 @@ void CudaKvBackend::StageRequests(const AttendCall& call, uint32_t layer,
   }
 }
 
-absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const AttendCall& call,
-                                                      const std::vector<uint8_t*>& staged) {
+absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPart>& parts) {
   const layout::KvGeometry& g = layout_.geometry;
-  const uint64_t pages = g.NumPages(call.length);
-  const uint64_t bytes = pages * sizeof(void*) + 2 * uint64_t{call.n} * sizeof(int32_t);
+  uint64_t pages = 0;
+  uint32_t queries = 0;
+  for (const LaunchPart& part : parts) {
+    pages += g.NumPages(part.call->length);
+    queries += part.call->n;
+  }
+  const uint64_t bytes = pages * sizeof(void*) + 2 * uint64_t{queries} * sizeof(int32_t);
   PageTable& t = tables_[next_table_];
   next_table_ = (next_table_ + 1) % tables_.size();
   if (t.uploaded == nullptr) {
@@ -451,21 +473,31 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const AttendCall& call,
     KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&t.dev, n));
     t.capacity = n;
   }
+  t.pages = pages;
+  t.queries = queries;
   auto* entries = reinterpret_cast<const void**>(t.host);
-  const uint64_t layer_off = layout_.LayerOffsetFloats(call.layer - g.GroupBegin(call.group)) * 4;
-  size_t next_staged = 0;
-  for (uint64_t p = 0; p < pages; ++p) {
-    const StoredPage& e = call.pages[p];
-    entries[p] = e.tier == Tier::kT0   ? e.t0 + layer_off
-                 : e.tier == Tier::kT3 ? nullptr
-                                       : staged[next_staged++];
-  }
   auto* indptr = reinterpret_cast<int32_t*>(t.host + pages * sizeof(void*));
-  int32_t* lengths = indptr + call.n;
-  // Query b sits at position length - n + b: one "sequence" per query over the same pages.
-  for (uint32_t b = 0; b < call.n; ++b) {
-    indptr[b] = 0;
-    lengths[b] = static_cast<int32_t>(call.length - call.n + b + 1);
+  int32_t* lengths = indptr + queries;
+  uint64_t first = 0;
+  uint32_t row = 0;
+  for (const LaunchPart& part : parts) {
+    const AttendCall& call = *part.call;
+    const uint64_t n_pages = g.NumPages(call.length);
+    const uint64_t layer_off = layout_.LayerOffsetFloats(call.layer - g.GroupBegin(call.group)) * 4;
+    size_t next_staged = 0;
+    for (uint64_t p = 0; p < n_pages; ++p) {
+      const StoredPage& e = call.pages[p];
+      entries[first + p] = e.tier == Tier::kT0   ? e.t0 + layer_off
+                           : e.tier == Tier::kT3 ? nullptr
+                                                 : (*part.staged)[next_staged++];
+    }
+    // Query b of the call sits at position length - n + b: one "sequence" per query over the
+    // call's pages.
+    for (uint32_t b = 0; b < call.n; ++b, ++row) {
+      indptr[row] = static_cast<int32_t>(first);
+      lengths[row] = static_cast<int32_t>(call.length - call.n + b + 1);
+    }
+    first += n_pages;
   }
   KVTIER_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(t.dev, t.host, bytes, cudaMemcpyHostToDevice, compute_));
@@ -491,32 +523,40 @@ absl::Status CudaKvBackend::EnsureScores(uint32_t length) {
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::LaunchAttention(const AttendCall& call, const PageTable& table) {
+absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts,
+                                            const PageTable& table) {
   const layout::KvGeometry& g = layout_.geometry;
-  const uint64_t pages = g.NumPages(call.length);
   const uint64_t q_row = uint64_t{num_q_heads_} * g.head_dim;
-  const auto* lengths =
-      reinterpret_cast<const int32_t*>(table.dev + pages * sizeof(void*)) + call.n;
-  const uint32_t batch = std::min(call.n, kMaxBatch);
+  const auto* indptr = reinterpret_cast<const int32_t*>(table.dev + table.pages * sizeof(void*));
+  const int32_t* lengths = indptr + table.queries;
+  const int32_t* host_lengths =
+      reinterpret_cast<const int32_t*>(table.host + table.pages * sizeof(void*)) + table.queries;
+  uint32_t max_length = 0;
+  for (const LaunchPart& part : parts) {
+    max_length = std::max(max_length, part.call->length);
+    RETURN_IF_ERROR(part.owner->EnsureScores(part.call->length));
+  }
+  const uint32_t batch = std::min(table.queries, kMaxBatch);
   RETURN_IF_ERROR(
       Grow(&workspace_, &workspace_floats_,
-           kc::PagedDecodeWorkspaceBytes(batch, call.length, num_q_heads_, g.head_dim) / 4));
-  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, uint64_t{batch} * call.length));
-  RETURN_IF_ERROR(EnsureScores(call.length));
-  for (uint32_t b0 = 0; b0 < call.n; b0 += kMaxBatch) {
-    const uint32_t rows = std::min(kMaxBatch, call.n - b0);
-    const uint32_t first_length = call.length - call.n + b0 + 1;
+           kc::PagedDecodeWorkspaceBytes(batch, max_length, num_q_heads_, g.head_dim) / 4));
+  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, uint64_t{batch} * max_length));
+  const AttendCall& first = *parts[0].call;
+  const float weight = tiering::DeviceMassWeight(num_q_heads_, g.LayersInGroup(first.group));
+  for (uint32_t r0 = 0; r0 < table.queries; r0 += kMaxBatch) {
+    const uint32_t rows = std::min(kMaxBatch, table.queries - r0);
     kc::PagedDecodeParams p;
-    p.q = call.q + b0 * q_row;
-    p.out = call.out + b0 * q_row;
+    p.q = first.q + r0 * q_row;
+    p.out = first.out + r0 * q_row;
     p.pages = reinterpret_cast<const void* const*>(table.dev);
-    p.page_indptr = reinterpret_cast<const int32_t*>(table.dev + pages * sizeof(void*));
-    p.lengths = lengths + b0;
+    p.page_indptr = indptr + r0;
+    p.lengths = lengths + r0;
     p.position_mass = mass_;
-    p.mass_stride = call.length;
+    p.mass_stride = max_length;
     p.workspace = workspace_;
     p.batch = rows;
-    p.max_length = first_length + rows - 1;
+    p.max_length =
+        static_cast<uint32_t>(*std::max_element(host_lengths + r0, host_lengths + r0 + rows));
     p.num_q_heads = num_q_heads_;
     p.num_kv_heads = g.num_kv_heads;
     p.head_dim = g.head_dim;
@@ -524,14 +564,23 @@ absl::Status CudaKvBackend::LaunchAttention(const AttendCall& call, const PageTa
     p.scale = scale_;
     p.kv_dtype = kc::KvDtype::kF32;
     KVTIER_CUDA_RETURN_IF_ERROR(kc::PagedDecodeAttention(p, compute_));
-    kc::ScoreAccumulateParams s;
-    s.mass = mass_;
-    s.rows = rows;
-    s.mass_stride = call.length;
-    s.first_length = first_length;
-    s.weight = tiering::DeviceMassWeight(num_q_heads_, g.LayersInGroup(call.group));
-    s.scores = scores_ + uint64_t{call.group} * score_capacity_;
-    KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScores(s, compute_));
+    // Each part's rows of this chunk go to its own cumulative score.
+    uint32_t begin = 0;
+    for (const LaunchPart& part : parts) {
+      const AttendCall& call = *part.call;
+      const uint32_t lo = std::max(r0, begin), hi = std::min(r0 + rows, begin + call.n);
+      if (lo < hi) {
+        kc::ScoreAccumulateParams s;
+        s.mass = mass_ + uint64_t{lo - r0} * max_length;
+        s.rows = hi - lo;
+        s.mass_stride = max_length;
+        s.first_length = call.length - call.n + (lo - begin) + 1;
+        s.weight = weight;
+        s.scores = part.owner->scores_ + uint64_t{call.group} * part.owner->score_capacity_;
+        KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScores(s, compute_));
+      }
+      begin += call.n;
+    }
   }
   return absl::OkStatus();
 }
@@ -551,23 +600,64 @@ absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, StoreStats& sta
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& stats) {
+absl::Status CudaKvBackend::StageFor(const AttendCall& call, StoreStats& stats,
+                                     std::vector<uint8_t*>* staged) {
   // Pages a schedule leaves in place are staged like the rest: attention stays whole (exact).
-  std::vector<uint8_t*> staged;
-  if (stager_ != nullptr) {
-    StageRequests(call, call.layer, &requests_, &request_pages_);
-    if (!requests_.empty()) {
-      RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
-      ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
-      RETURN_IF_ERROR(stager_->Acquire(call.layer, compute_));
-      stats.staged_h2d_bytes += layer.copied_bytes;
-      staged = std::move(layer.blocks);
-    }
-  }
-  ASSIGN_OR_RETURN(PageTable * table, UploadTable(call, staged));
-  RETURN_IF_ERROR(LaunchAttention(call, *table));
-  if (!staged.empty()) RETURN_IF_ERROR(stager_->Release(call.layer, compute_));
+  staged->clear();
+  if (stager_ == nullptr) return absl::OkStatus();
+  StageRequests(call, call.layer, &requests_, &request_pages_);
+  if (requests_.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
+  ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
+  RETURN_IF_ERROR(stager_->Acquire(call.layer, compute_));
+  stats.staged_h2d_bytes += layer.copied_bytes;
+  *staged = std::move(layer.blocks);
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::FinishAttend(const AttendCall& call, bool staged, StoreStats& stats) {
+  if (staged) RETURN_IF_ERROR(stager_->Release(call.layer, compute_));
   return PrefetchNext(call, stats);
+}
+
+absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& stats) {
+  std::vector<uint8_t*> staged;
+  RETURN_IF_ERROR(StageFor(call, stats, &staged));
+  const std::vector<LaunchPart> parts = {{this, &call, &staged}};
+  ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
+  RETURN_IF_ERROR(LaunchAttention(parts, *table));
+  return FinishAttend(call, !staged.empty(), stats);
+}
+
+absl::Status CudaKvBackend::AttendBatch(const std::vector<KvBackend*>& backends,
+                                        const std::vector<AttendCall>& calls,
+                                        const std::vector<StoreStats*>& stats) {
+  // One launch needs CUDA peers on this stream, of this head shape, with consecutive queries;
+  // anything else attends call by call.
+  const uint64_t q_row = uint64_t{num_q_heads_} * layout_.geometry.head_dim;
+  std::vector<CudaKvBackend*> peers;
+  uint64_t row = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    auto* peer = dynamic_cast<CudaKvBackend*>(backends[i]);
+    if (peer == nullptr || peer->compute_ != compute_ || peer->num_q_heads_ != num_q_heads_ ||
+        calls[i].q != calls[0].q + row * q_row || calls[i].out != calls[0].out + row * q_row) {
+      return KvBackend::AttendBatch(backends, calls, stats);
+    }
+    peers.push_back(peer);
+    row += calls[i].n;
+  }
+  std::vector<std::vector<uint8_t*>> staged(calls.size());
+  std::vector<LaunchPart> parts;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    RETURN_IF_ERROR(peers[i]->StageFor(calls[i], *stats[i], &staged[i]));
+    parts.push_back({peers[i], &calls[i], &staged[i]});
+  }
+  ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
+  RETURN_IF_ERROR(LaunchAttention(parts, *table));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    RETURN_IF_ERROR(peers[i]->FinishAttend(calls[i], !staged[i].empty(), *stats[i]));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaKvBackend::TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) {

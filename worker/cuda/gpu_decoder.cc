@@ -65,6 +65,7 @@ absl::Status GpuDecoder::Init() {
   ASSIGN_OR_RETURN(runtime_, WorkerRuntime::Create(config_.runtime));
   for (uint32_t b = 0; b < options_.batch; ++b) {
     ASSIGN_OR_RETURN(std::unique_ptr<TieredSequence> seq, runtime_->Open(config_.sequence));
+    batch_.push_back(seq.get());
     sequences_.push_back(std::move(seq));
   }
   RETURN_IF_ERROR(AllocateBuffers());
@@ -149,14 +150,13 @@ absl::Status GpuDecoder::Layer(uint32_t l) {
   rope.head_dim = m.head_dim;
   rope.rope_base = m.rope_base;
   KVTIER_CUDA_RETURN_IF_ERROR(kc::RopeAppend(rope, stream_));
-  // The store attends one sequence per call; its last layer ends the sequence's forward pass
-  // (and, on a re-tiering step, applies its plan).
   for (uint32_t s = 0; s < b; ++s) {
     RETURN_IF_ERROR(
         sequences_[s]->Append(l, k_ + uint64_t{s} * kv_dim, v_ + uint64_t{s} * kv_dim, 1));
-    RETURN_IF_ERROR(sequences_[s]->Attend(l, q_ + uint64_t{s} * q_dim, 1,
-                                          attn_ + uint64_t{s} * q_dim, nullptr));
   }
+  // One attention launch for the batch; the last layer ends each sequence's forward pass (and,
+  // on a re-tiering step, applies its plan).
+  RETURN_IF_ERROR(TieredSequence::AttendBatch(batch_, l, q_, attn_));
   KVTIER_CUDA_RETURN_IF_ERROR(kc::CastF32ToBf16(attn_, uint64_t{b} * q_dim, xn_, stream_));
   RETURN_IF_ERROR(Gemm(w.w_o, m.hidden, q_dim, xn_, tmp_));
   KVTIER_CUDA_RETURN_IF_ERROR(kc::AddInPlace(x_, tmp_, uint64_t{b} * m.hidden, stream_));

@@ -10,15 +10,15 @@
 // Each sequence starts with a chain of `context_tokens` hash-filled KV (the same values in every
 // mode), written into T0, then grows by one token per Step(). Every layer of a step: the batched
 // QKV projection and RoPE give each sequence its K, V and query rows, which go through the
-// sequence's Append and Attend (the paged decode kernel over T0 blocks and T1 pages staged one
-// layer ahead on the backend's copy stream). After each forward pass the sequence re-tiers
-// every retier_interval steps, from the end of step 0 on: the policy (`full`, or `hierarchy`
-// with the decoder's budgets) decides on the cumulative scores the kernel accumulated on the
-// device, and the plan is applied by the store (pages leave T0 only by plans). So `full` and
-// `hierarchy` with r = 0 give bit-identical logits by construction.
+// sequence's Append and one batched Attend (the paged decode kernel over every sequence's T0
+// blocks and T1 pages staged one layer ahead on the backends' copy streams). After each forward
+// pass the sequence re-tiers every retier_interval steps, from the end of step 0 on: the policy
+// (`full`, or `hierarchy` with the decoder's budgets) decides on the cumulative scores the kernel
+// accumulated on the device, and the plan is applied by the store (pages leave T0 only by plans).
+// So `full` and `hierarchy` with r = 0 give bit-identical logits by construction.
 //
-// KV is f32 (the store's precision on every backend). Attention runs one launch per sequence
-// and layer (the store attends one sequence).
+// KV is f32 (the store's precision on every backend). Attention is one launch per layer for
+// the whole batch (TieredSequence::AttendBatch); appends are two row copies per sequence.
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -93,6 +93,7 @@ class GpuDecoder {
   // Declared before the buffers' users: the sequences go before the runtime they came from.
   std::unique_ptr<WorkerRuntime> runtime_;
   std::vector<std::unique_ptr<TieredSequence>> sequences_;
+  std::vector<TieredSequence*> batch_;  // sequences_, for AttendBatch
   uint64_t last_step_h2d_ = 0;
   uint32_t steps_ = 0;
   // Device buffers.

@@ -72,6 +72,14 @@ class CudaHarness final : public StoreHarness {
     dout.CopyTo(out);
     return s;
   }
+  absl::Status AttendBatch(const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                           const std::vector<float>& q, std::vector<float>* out) override {
+    DeviceTensor dq(q), dout(q.size());
+    absl::Status s = TieredKvStore::AttendBatch(stores, layer, dq.get(), dout.get());
+    cudaDeviceSynchronize();
+    dout.CopyTo(out);
+    return s;
+  }
 
  private:
   std::unique_ptr<StoreBackends> backends_;
