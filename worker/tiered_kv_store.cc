@@ -30,9 +30,11 @@ uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
 absl::Status ValidateOptions(const TieredKvStoreOptions& o, const StoreMemory& m,
                              const KvBackend& backend) {
   RETURN_IF_ERROR(o.geometry.Validate());
-  if (o.geometry.element_bytes != 4) {
+  if (!backend.StoresElementBytes(o.geometry.element_bytes)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("geometry.element_bytes must be 4 (f32), got ", o.geometry.element_bytes));
+        absl::StrCat("geometry.element_bytes must be 4 (f32)",
+                     backend.StoresElementBytes(2) ? " or 2 (bf16)" : "", " on this backend, got ",
+                     o.geometry.element_bytes));
   }
   if (o.num_q_heads == 0 || o.num_q_heads % o.geometry.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_q_heads (", o.num_q_heads,
@@ -242,15 +244,16 @@ absl::Status TieredKvStore::Append(uint32_t layer, const float* k, const float* 
   }
   RETURN_IF_ERROR(EnsurePages(group, end_pages));
   const uint32_t pt = geometry_.page_tokens;
-  const uint64_t layer_off = layout_.LayerOffsetFloats(layer - geometry_.GroupBegin(group));
+  const uint64_t layer_off = layout_.LayerOffsetBytes(layer - geometry_.GroupBegin(group));
+  const uint64_t row_bytes = layout_.RowBytes();
   // One write per page touched: rows of one page are contiguous in its K and its V block.
   for (uint32_t i = 0; i < n;) {
     const uint32_t pos = begin + i;
     const uint32_t rows = std::min(n - i, pt - pos % pt);
     PageEntry& entry = pages_[group][pos / pt];
-    float* base = reinterpret_cast<float*>(PageBytes(group, pos / pt)) + layer_off;
+    uint8_t* base = PageBytes(group, pos / pt) + layer_off;
     RETURN_IF_ERROR(backend_->WriteRows(
-        base + uint64_t{pos % pt} * row_floats_, base + (uint64_t{pt} + pos % pt) * row_floats_,
+        base + uint64_t{pos % pt} * row_bytes, base + (uint64_t{pt} + pos % pt) * row_bytes,
         k + i * row_floats_, v + i * row_floats_, rows, row_floats_));
     entry.version += rows;
     i += rows;

@@ -5,10 +5,10 @@
 // T1 (DDR pool slot), T2 (compressed pool slot) or T3 (evicted), moved by plans.
 //
 // Page layout (core/layout/geometry.h): a page holds page_tokens positions of one layer group;
-// for each layer of the group, K then V, each [page_tokens][num_kv_heads][head_dim] f32. T0 and
-// T1 hold that layout verbatim (T1 slot = KvGeometry::PageBytes(group) bytes); T2 holds, per
-// layer, the codec's encoding of K then V, each block reserved for page_tokens rows and 16-byte
-// aligned (CompressedSlotBytes).
+// for each layer of the group, K then V, each [page_tokens][num_kv_heads][head_dim] f32 (bf16 on
+// the CUDA backend when asked). T0 and T1 hold that layout verbatim (T1 slot =
+// KvGeometry::PageBytes(group) bytes); T2 holds, per layer, the codec's encoding of K then V, each
+// block reserved for page_tokens rows and 16-byte aligned (CompressedSlotBytes).
 //
 // Zero-error property: attention reads T0 and T1 pages (in place on the host backend, staged on
 // a device) through the same kernel in position order, so with no T2/T3 page the output and
@@ -41,7 +41,8 @@
 namespace kvtier::worker {
 
 struct TieredKvStoreOptions {
-  // element_bytes must be 4 (f32, on every backend).
+  // element_bytes: 4 (f32, every backend) or 2 (bf16, the CUDA backend: rows are given as f32
+  // and stored rounded to nearest even).
   layout::KvGeometry geometry;
   uint32_t num_q_heads = 0;         // multiple of geometry.num_kv_heads
   float scale = 0.f;                // 0 = 1/sqrt(head_dim)
@@ -185,9 +186,9 @@ class TieredKvStore final : public AttentionCache {
   uint64_t SlotBytes(PoolKind kind, uint32_t group) const;
   // Slots this store holds now (T1 and T2 pages): what CloseSequence must free.
   std::vector<ReleasedSlot> HeldSlots() const;
-  // Full-precision view of a page (dequantized for T2): DdrSlotBytes/4 floats into dst (host
-  // memory, on every backend). FAILED_PRECONDITION for an evicted page, INVALID_ARGUMENT for an
-  // unknown one.
+  // Full-precision view of a page (dequantized for T2, bf16 widened): DdrSlotBytes /
+  // element_bytes floats into dst (host memory, on every backend). FAILED_PRECONDITION for an
+  // evicted page, INVALID_ARGUMENT for an unknown one.
   absl::Status ReadPage(uint32_t group, uint32_t page, float* dst) const;
   const StoreStats& stats() const { return stats_; }
   const KvBackend& backend() const { return *backend_; }

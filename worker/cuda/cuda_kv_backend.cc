@@ -21,7 +21,9 @@
 #include "worker/cuda/layer_stager.h"
 #include "worker/cuda/pinned_mapping.h"
 #include "worker/host_kv_backend.h"
+#include "worker/kernels/cuda/dtype.h"
 #include "worker/kernels/cuda/kv_ops.h"
+#include "worker/kernels/cuda/model_ops.h"
 #include "worker/kernels/cuda/paged_attention.h"
 
 namespace kvtier::worker::cuda {
@@ -138,6 +140,22 @@ kc::CodecKind CodecKindOf(const codecs::Codec& codec) {
                             : kc::CodecKind::kInt8Kivi;
 }
 
+// The same layout in f32: what the CPU codecs and the host helpers read and write.
+KvLayout F32Layout(KvLayout layout) {
+  layout.geometry.element_bytes = 4;
+  return layout;
+}
+
+// bf16 bits -> f32 (exact), and f32 -> bf16 (round to nearest even), `values` elements.
+void Widen(const uint8_t* src, uint64_t values, float* dst) {
+  const auto* bits = reinterpret_cast<const uint16_t*>(src);
+  for (uint64_t i = 0; i < values; ++i) dst[i] = kc::Bf16BitsToF32(bits[i]);
+}
+void Narrow(const float* src, uint64_t values, uint8_t* dst) {
+  auto* bits = reinterpret_cast<uint16_t*>(dst);
+  for (uint64_t i = 0; i < values; ++i) bits[i] = kc::F32ToBf16Bits(src[i]);
+}
+
 // Device buffer that only grows (contents are not kept).
 template <typename T>
 absl::Status Grow(T** p, uint64_t* capacity, uint64_t needed) {
@@ -160,17 +178,21 @@ class CudaKvBackend final : public KvBackend {
         scale_(AttentionScale(options)),
         compute_(compute),
         pinned_(pinned),
+        dtype_(options.geometry.element_bytes == 2 ? kc::KvDtype::kBf16 : kc::KvDtype::kF32),
         host_(HostKvBackendOptions{
-            .layout = layout_, .num_q_heads = options.num_q_heads, .scale = scale_}),
+            .layout = F32Layout(layout_), .num_q_heads = options.num_q_heads, .scale = scale_}),
         tables_(options.geometry.num_layers + 1) {}
   ~CudaKvBackend() override;
 
   bool host_t0() const override { return false; }
   bool device_scores() const override { return true; }
+  bool StoresElementBytes(uint32_t element_bytes) const override {
+    return element_bytes == 4 || element_bytes == 2;
+  }
   absl::Status BindPools(PagePool* ddr, PagePool* compressed) override;
   absl::Status ClearBlock(uint8_t* block, uint64_t bytes) override;
-  absl::Status WriteRows(float* k_dst, float* v_dst, const float* k, const float* v, uint32_t rows,
-                         uint64_t row_floats) override;
+  absl::Status WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k, const float* v,
+                         uint32_t rows, uint64_t row_floats) override;
   absl::Status CopyPage(Tier from, const uint8_t* src, Tier to, uint8_t* dst,
                         uint64_t bytes) override;
   absl::Status EncodePage(Tier from, const uint8_t* src, uint32_t group, uint32_t rows,
@@ -191,7 +213,12 @@ class CudaKvBackend final : public KvBackend {
   absl::Status TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) override;
 
  private:
-  uint64_t BlockBytes() const { return layout_.LayerBlockFloats() * 4; }
+  uint64_t BlockBytes() const { return layout_.LayerBlockBytes(); }
+  bool bf16() const { return dtype_ == kc::KvDtype::kBf16; }
+  // Elements of one page of `group`.
+  uint64_t PageValues(uint32_t group) const {
+    return layout_.geometry.PageBytes(group) / layout_.geometry.element_bytes;
+  }
   LayerStagerOptions StagerOptions(uint32_t entries) const;
   absl::Status EnsureStager(uint32_t entries);
   // Records the token of a copy just issued on `stream`; `then` is ordered after it.
@@ -224,8 +251,10 @@ class CudaKvBackend final : public KvBackend {
   uint32_t num_q_heads_;
   float scale_;
   cudaStream_t compute_;
-  PinnedPools* pinned_;  // not owned
-  HostKvBackend host_;   // the CPU codecs, for moves between host tiers
+  PinnedPools* pinned_;         // not owned
+  kc::KvDtype dtype_;           // of T0, T1 and staged blocks
+  HostKvBackend host_;          // the CPU codecs (f32), for moves between host tiers
+  std::vector<float> widened_;  // one page as f32, for host moves and reads of a bf16 store
   PinnedMapping* t1_ = nullptr;
   PinnedMapping* t2_ = nullptr;
   std::unique_ptr<LayerStager> stager_;
@@ -264,7 +293,7 @@ LayerStagerOptions CudaKvBackend::StagerOptions(uint32_t entries) const {
   o.page_tokens = layout_.geometry.page_tokens;
   o.num_kv_heads = layout_.geometry.num_kv_heads;
   o.head_dim = layout_.geometry.head_dim;
-  o.dtype = kc::KvDtype::kF32;
+  o.dtype = dtype_;
   o.codec = CodecKindOf(*layout_.codec);
   o.max_offload_batch = 256;
   return o;
@@ -332,8 +361,16 @@ absl::Status CudaKvBackend::ClearBlock(uint8_t* block, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::WriteRows(float* k_dst, float* v_dst, const float* k, const float* v,
-                                      uint32_t rows, uint64_t row_floats) {
+absl::Status CudaKvBackend::WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k,
+                                      const float* v, uint32_t rows, uint64_t row_floats) {
+  if (bf16()) {  // the engine's f32 rows (device memory), rounded into the page
+    const uint64_t n = uint64_t{rows} * row_floats;
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        kc::CastF32ToBf16(k, n, reinterpret_cast<uint16_t*>(k_dst), compute_));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        kc::CastF32ToBf16(v, n, reinterpret_cast<uint16_t*>(v_dst), compute_));
+    return absl::OkStatus();
+  }
   const uint64_t bytes = rows * row_floats * 4;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k_dst, k, bytes, cudaMemcpyDefault, compute_));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_dst, v, bytes, cudaMemcpyDefault, compute_));
@@ -372,7 +409,11 @@ absl::Status CudaKvBackend::EncodePage(Tier from, const uint8_t* src, uint32_t g
                                        uint8_t* dst) {
   if (from != Tier::kT0) {
     RETURN_IF_ERROR(DrainCopies());
-    return host_.EncodePage(from, src, group, rows, dst);
+    if (!bf16()) return host_.EncodePage(from, src, group, rows, dst);
+    widened_.resize(PageValues(group));
+    Widen(src, widened_.size(), widened_.data());
+    return host_.EncodePage(from, reinterpret_cast<const uint8_t*>(widened_.data()), group, rows,
+                            dst);
   }
   if (stager_ == nullptr || t2_ == nullptr) {
     return absl::FailedPreconditionError("the store has no T2 pool");
@@ -396,7 +437,12 @@ absl::Status CudaKvBackend::DecodePage(const uint8_t* src, uint32_t group, uint3
                                        uint8_t* dst) {
   if (to != Tier::kT0) {
     RETURN_IF_ERROR(DrainCopies());
-    return host_.DecodePage(src, group, rows, to, dst);
+    if (!bf16()) return host_.DecodePage(src, group, rows, to, dst);
+    widened_.resize(PageValues(group));
+    RETURN_IF_ERROR(
+        host_.DecodePage(src, group, rows, to, reinterpret_cast<uint8_t*>(widened_.data())));
+    Narrow(widened_.data(), widened_.size(), dst);
+    return absl::OkStatus();
   }
   if (stager_ == nullptr || t2_ == nullptr) {
     return absl::FailedPreconditionError("the store has no T2 pool");
@@ -414,13 +460,25 @@ absl::Status CudaKvBackend::DecodePage(const uint8_t* src, uint32_t group, uint3
 absl::Status CudaKvBackend::ReadPage(const StoredPage& page, uint32_t group,
                                      const uint8_t* ddr_base, const uint8_t* compressed_base,
                                      float* dst) {
-  if (page.tier != Tier::kT0) {
-    RETURN_IF_ERROR(DrainCopies());
+  if (page.tier == Tier::kT2 || (page.tier == Tier::kT1 && !bf16())) {
+    RETURN_IF_ERROR(DrainCopies());  // the CPU codec decodes T2 to f32 values
     return host_.ReadPage(page, group, ddr_base, compressed_base, dst);
   }
+  if (page.tier == Tier::kT1) {
+    RETURN_IF_ERROR(DrainCopies());
+    Widen(ddr_base + page.slot, PageValues(group), dst);
+    return absl::OkStatus();
+  }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  if (!bf16()) {
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst, page.t0, layout_.geometry.PageBytes(group), cudaMemcpyDeviceToHost));
+    return absl::OkStatus();
+  }
+  std::vector<uint8_t> bits(layout_.geometry.PageBytes(group));
   KVTIER_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(dst, page.t0, layout_.geometry.PageBytes(group), cudaMemcpyDeviceToHost));
+      cudaMemcpy(bits.data(), page.t0, bits.size(), cudaMemcpyDeviceToHost));
+  Widen(bits.data(), PageValues(group), dst);
   return absl::OkStatus();
 }
 
@@ -483,7 +541,7 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPa
   for (const LaunchPart& part : parts) {
     const AttendCall& call = *part.call;
     const uint64_t n_pages = g.NumPages(call.length);
-    const uint64_t layer_off = layout_.LayerOffsetFloats(call.layer - g.GroupBegin(call.group)) * 4;
+    const uint64_t layer_off = layout_.LayerOffsetBytes(call.layer - g.GroupBegin(call.group));
     size_t next_staged = 0;
     for (uint64_t p = 0; p < n_pages; ++p) {
       const StoredPage& e = call.pages[p];
@@ -562,7 +620,7 @@ absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts
     p.head_dim = g.head_dim;
     p.page_tokens = g.page_tokens;
     p.scale = scale_;
-    p.kv_dtype = kc::KvDtype::kF32;
+    p.kv_dtype = dtype_;
     KVTIER_CUDA_RETURN_IF_ERROR(kc::PagedDecodeAttention(p, compute_));
     // Each part's rows of this chunk go to its own cumulative score.
     uint32_t begin = 0;

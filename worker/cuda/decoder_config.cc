@@ -62,10 +62,11 @@ absl::StatusOr<DecoderConfig> MakeDecoderConfig(const AttentionShape& shape,
   c.runtime.page_tokens = options.page_tokens;
   c.runtime.layer_groups = 1;
   c.runtime.backend = StoreBackend::kCuda;
+  c.runtime.kv_element_bytes = options.bf16_kv ? 2 : 4;
   const layout::KvGeometry geometry{.num_layers = shape.num_layers,
                                     .num_kv_heads = shape.num_kv_heads,
                                     .head_dim = shape.head_dim,
-                                    .element_bytes = 4,
+                                    .element_bytes = c.runtime.kv_element_bytes,
                                     .page_tokens = options.page_tokens,
                                     .layer_groups = 1};
   RETURN_IF_ERROR(geometry.Validate());

@@ -34,6 +34,8 @@ struct DecoderOptions {
   uint32_t page_tokens = 16;
   KvMode mode = KvMode::kFull;
   DecoderTiering tiering;  // read in hierarchy mode
+  // KV stored as bf16 (the CUDA store rounds the f32 rows); false = f32, twice the bytes.
+  bool bf16_kv = true;
   uint64_t kv_seed = 7;
 };
 
@@ -42,7 +44,7 @@ struct DecoderConfig {
   RuntimeOptions runtime;  // local mode, StoreBackend::kCuda; cuda_stream left to the caller
   SequenceOptions sequence;
   uint64_t pages_per_sequence = 0;  // pages of context + max_new tokens
-  uint64_t page_bytes = 0;          // one page of every layer (f32 K and V)
+  uint64_t page_bytes = 0;          // one page of every layer (K and V, bf16 or f32)
 };
 
 // INVALID_ARGUMENT naming the field and its value for a batch outside [1, 1024], a zero

@@ -17,8 +17,9 @@
 // accumulated on the device, and the plan is applied by the store (pages leave T0 only by plans).
 // So `full` and `hierarchy` with r = 0 give bit-identical logits by construction.
 //
-// KV is f32 (the store's precision on every backend). Attention is one launch per layer for
-// the whole batch (TieredSequence::AttendBatch); appends are two row copies per sequence.
+// KV is bf16 by default (DecoderOptions::bf16_kv: the store rounds the f32 rows RoPE writes),
+// f32 if asked. Attention is one launch per layer for the whole batch
+// (TieredSequence::AttendBatch); appends are two row writes per sequence.
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -35,12 +36,13 @@ struct DecodeRun {
   DecoderStats stats;
 };
 
-class GpuDecoderGpuTest : public ::testing::TestWithParam<uint32_t> {
+// (head_dim, bf16 KV)
+class GpuDecoderGpuTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {
  protected:
   void SetUp() override {
     const std::string why = ::kvtier::testing::NoGpuReason();
     if (!why.empty()) GTEST_SKIP() << "no CUDA device: " << why;
-    absl::StatusOr<std::unique_ptr<SyntheticModel>> m = SyntheticModel::Create(Small(GetParam()));
+    absl::StatusOr<std::unique_ptr<SyntheticModel>> m = SyntheticModel::Create(Small(HeadDim()));
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = *std::move(m);
   }
@@ -69,8 +71,12 @@ class GpuDecoderGpuTest : public ::testing::TestWithParam<uint32_t> {
     return run;
   }
 
+  static uint32_t HeadDim() { return std::get<0>(GetParam()); }
+  static bool Bf16() { return std::get<1>(GetParam()); }
+
   static DecoderOptions Options(KvMode mode, double evict, uint32_t retier_interval) {
     DecoderOptions o;
+    o.bf16_kv = Bf16();
     o.batch = 3;
     o.context_tokens = 700;
     o.max_new_tokens = 8;
@@ -83,8 +89,8 @@ class GpuDecoderGpuTest : public ::testing::TestWithParam<uint32_t> {
     return o;
   }
 
-  // One layer's f32 block (K and V) of one page.
-  uint64_t BlockBytes() const { return 2ull * 16 * 2 * GetParam() * 4; }
+  // One layer's block (K and V) of one page.
+  static uint64_t BlockBytes() { return 2ull * 16 * 2 * HeadDim() * (Bf16() ? 2 : 4); }
 
   std::unique_ptr<SyntheticModel> model_;
 };
@@ -160,7 +166,8 @@ TEST_P(GpuDecoderGpuTest, PagesLeaveT0ByThePolicysPlans) {
   EXPECT_EQ(tiered.stats.t1_pool_bytes, tiered.stats.t1_pages * page_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, GpuDecoderGpuTest, ::testing::Values(64u, 128u));
+INSTANTIATE_TEST_SUITE_P(HeadDimsAndKvTypes, GpuDecoderGpuTest,
+                         ::testing::Combine(::testing::Values(64u, 128u), ::testing::Bool()));
 
 }  // namespace
 }  // namespace kvtier::worker::cuda

@@ -439,6 +439,20 @@ TEST(TieredKvStoreTest, AttendBatchRejectsBadArgumentsNamingTheStore) {
   EXPECT_EQ(out[9 * 64], 7.f);
 }
 
+// bf16 pages are a device backend's option: the host backend, and a runtime on it, refuse them
+// naming the field and the value.
+TEST(TieredKvStoreTest, HostBackendRefusesBf16Pages) {
+  testing::Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.geometry.element_bytes = 2;
+  o.num_q_heads = 9;
+  absl::Status s = TieredKvStore::Create(o, rig.Memory()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("geometry.element_bytes must be 4 (f32) on this backend, got 2"));
+}
+
 TEST(TieredKvStoreTest, SlotSizesFollowGeometryAndCodec) {
   const auto g = SmolLmGeometry(16, 30);
   EXPECT_EQ(DdrSlotBytes(g, 0), 2u * 16 * 3 * 64 * 4);

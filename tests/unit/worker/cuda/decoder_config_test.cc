@@ -62,18 +62,22 @@ TEST(DecoderConfigTest, HierarchyModeCarriesTheBudgetsAndProtectedSpans) {
 }
 
 TEST(DecoderConfigTest, MemoryHoldsEveryPageOfEverySequence) {
-  for (KvMode mode : {KvMode::kFull, KvMode::kHierarchy}) {
-    DecoderOptions o = Options(mode, 0);
-    o.page_tokens = 5;  // a page of 5 tokens: 7680 bytes, not a multiple of the alignment
-    const DecoderConfig c = *MakeDecoderConfig(Shape(), o);
-    EXPECT_EQ(c.pages_per_sequence, (700u + 8 + 4) / 5);
-    EXPECT_EQ(c.page_bytes, 2ull * 5 * 2 * 64 * 4 * 3);
-    const uint64_t aligned = (c.page_bytes + 255) / 256 * 256;
-    EXPECT_EQ(c.runtime.arena_bytes, 3 * c.pages_per_sequence * aligned);
-    if (mode == KvMode::kHierarchy) {
-      EXPECT_EQ(c.runtime.local_ddr_bytes, 3 * c.pages_per_sequence * aligned);
-    } else {  // full mode never offloads: a token pool, a small share of what T1 would need
-      EXPECT_LT(c.runtime.local_ddr_bytes, 3 * c.pages_per_sequence * aligned / 10);
+  for (bool bf16 : {true, false}) {
+    for (KvMode mode : {KvMode::kFull, KvMode::kHierarchy}) {
+      DecoderOptions o = Options(mode, 0);
+      o.page_tokens = 5;  // a page of 5 tokens: 3840 / 7680 bytes, not a multiple of 256
+      o.bf16_kv = bf16;
+      const DecoderConfig c = *MakeDecoderConfig(Shape(), o);
+      EXPECT_EQ(c.runtime.kv_element_bytes, bf16 ? 2u : 4u);
+      EXPECT_EQ(c.pages_per_sequence, (700u + 8 + 4) / 5);
+      EXPECT_EQ(c.page_bytes, 2ull * 5 * 2 * 64 * (bf16 ? 2 : 4) * 3);
+      const uint64_t aligned = (c.page_bytes + 255) / 256 * 256;
+      EXPECT_EQ(c.runtime.arena_bytes, 3 * c.pages_per_sequence * aligned);
+      if (mode == KvMode::kHierarchy) {
+        EXPECT_EQ(c.runtime.local_ddr_bytes, 3 * c.pages_per_sequence * aligned);
+      } else {  // full mode never offloads: a token pool, a small share of what T1 would need
+        EXPECT_LT(c.runtime.local_ddr_bytes, 3 * c.pages_per_sequence * aligned / 10);
+      }
     }
   }
 }

@@ -205,5 +205,14 @@ TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
   EXPECT_NE(std::string(s.message()).find("sequences[1] is null"), std::string::npos) << s;
 }
 
+TEST(TieredSequenceTest, HostRuntimeRefusesBf16KvNamingTheField) {
+  auto r = WorkerRuntime::Create({.attention = Shape(), .kv_element_bytes = 2});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message())
+                .find("kv_element_bytes must be 4 (f32), or 2 (bf16) on the CUDA backend, got 2"),
+            std::string::npos)
+      << r.status();
+}
+
 }  // namespace
 }  // namespace kvtier::worker
