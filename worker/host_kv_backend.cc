@@ -31,8 +31,8 @@ absl::Status HostKvBackend::ClearBlock(uint8_t* block, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status HostKvBackend::WriteRows(float* k_dst, float* v_dst, const float* k, const float* v,
-                                      uint32_t rows, uint64_t row_floats) {
+absl::Status HostKvBackend::WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k,
+                                      const float* v, uint32_t rows, uint64_t row_floats) {
   std::memcpy(k_dst, k, rows * row_floats * 4);
   std::memcpy(v_dst, v, rows * row_floats * 4);
   return absl::OkStatus();

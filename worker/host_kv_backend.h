@@ -32,8 +32,8 @@ class HostKvBackend final : public KvBackend {
 
   bool host_t0() const override { return true; }
   absl::Status ClearBlock(uint8_t* block, uint64_t bytes) override;
-  absl::Status WriteRows(float* k_dst, float* v_dst, const float* k, const float* v, uint32_t rows,
-                         uint64_t row_floats) override;
+  absl::Status WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k, const float* v,
+                         uint32_t rows, uint64_t row_floats) override;
   absl::Status CopyPage(tiering::Tier from, const uint8_t* src, tiering::Tier to, uint8_t* dst,
                         uint64_t bytes) override;
   absl::Status EncodePage(tiering::Tier from, const uint8_t* src, uint32_t group, uint32_t rows,

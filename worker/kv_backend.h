@@ -45,7 +45,9 @@ inline bool AttendedInPlace(const StoredPage& page, uint8_t in_place_mark) {
 }
 
 // Byte layout of pages (shared by the store and every backend). A page of group g holds, for
-// each layer of g, K then V, each [page_tokens][num_kv_heads][head_dim] f32; a compressed page
+// each layer of g, K then V, each [page_tokens][num_kv_heads][head_dim] elements of
+// geometry.element_bytes (4 = f32 on every backend, 2 = bf16 where the backend stores it,
+// StoresElementBytes); the *Floats helpers count elements, the *Bytes ones bytes. A compressed page
 // holds, per layer, the codec's encoding of K then V, each block reserved for page_tokens rows
 // and 16-byte aligned.
 struct KvLayout {
@@ -57,6 +59,11 @@ struct KvLayout {
   uint64_t LayerBlockFloats() const { return 2 * uint64_t{geometry.page_tokens} * RowFloats(); }
   uint64_t LayerOffsetFloats(uint32_t layer_in_group) const {
     return uint64_t{layer_in_group} * LayerBlockFloats();
+  }
+  uint64_t RowBytes() const { return RowFloats() * geometry.element_bytes; }
+  uint64_t LayerBlockBytes() const { return LayerBlockFloats() * geometry.element_bytes; }
+  uint64_t LayerOffsetBytes(uint32_t layer_in_group) const {
+    return LayerOffsetFloats(layer_in_group) * geometry.element_bytes;
   }
   // Reserved bytes of one encoded K or V block.
   uint64_t ReservedBlockBytes(codecs::TensorRole role) const;
@@ -102,12 +109,16 @@ class KvBackend {
   // True when the backend accumulates the cumulative score itself (TakeScores), so Attend's
   // position_mass stays null.
   virtual bool device_scores() const { return false; }
+  // Whether pages may hold elements of this many bytes (4 = f32 everywhere; 2 = bf16 on a
+  // device that stores it).
+  virtual bool StoresElementBytes(uint32_t element_bytes) const { return element_bytes == 4; }
 
   // A fresh T0 block reads as zeros.
   virtual absl::Status ClearBlock(uint8_t* block, uint64_t bytes) = 0;
-  // Writes `rows` K rows to k_dst and V rows to v_dst (row_floats floats each), from the
-  // engine's k / v (host memory on the host backend, device memory on a device).
-  virtual absl::Status WriteRows(float* k_dst, float* v_dst, const float* k, const float* v,
+  // Writes `rows` K rows to k_dst and V rows to v_dst (row_floats values each, stored in the
+  // layout's element type), from the engine's f32 k / v (host memory on the host backend,
+  // device memory on a device).
+  virtual absl::Status WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k, const float* v,
                                  uint32_t rows, uint64_t row_floats) = 0;
   // Full-precision page copy between T0 (a block) and T1 (host memory of the DDR pool).
   virtual absl::Status CopyPage(tiering::Tier from, const uint8_t* src, tiering::Tier to,
@@ -118,7 +129,8 @@ class KvBackend {
   // Decodes a compressed page into a T0 block or a T1 slot (rows past `rows` read as zeros).
   virtual absl::Status DecodePage(const uint8_t* src, uint32_t group, uint32_t rows,
                                   tiering::Tier to, uint8_t* dst) = 0;
-  // Copies a page (any tier but T3) to host memory `dst`, full precision, when it returns.
+  // Copies a page (any tier but T3) to host memory `dst` as f32 (bf16 widened exactly), when it
+  // returns.
   virtual absl::Status ReadPage(const StoredPage& page, uint32_t group, const uint8_t* ddr_base,
                                 const uint8_t* compressed_base, float* dst) = 0;
 
@@ -135,6 +147,20 @@ class KvBackend {
   virtual void Forget(uint32_t group, uint32_t page) = 0;
   // Attention of one layer; updates the staging counters of `stats`.
   virtual absl::Status Attend(const AttendCall& call, StoreStats& stats) = 0;
+  // Attention of one layer for several stores at once (TieredKvStore::AttendBatch): calls[i]
+  // is store i's call, run by backends[i] (this one is backends[0]) with stats[i]. The queries
+  // of the calls are consecutive rows of one buffer: calls[i].q (and .out) is calls[0].q plus
+  // the rows of the calls before it. A device backend runs one kernel over all of them; this
+  // default attends one call after the other, which gives the same results (a query's attention
+  // never depends on the others of a batch).
+  virtual absl::Status AttendBatch(const std::vector<KvBackend*>& backends,
+                                   const std::vector<AttendCall>& calls,
+                                   const std::vector<StoreStats*>& stats) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (absl::Status s = backends[i]->Attend(calls[i], *stats[i]); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   virtual void SetTaskRunner(kernels::TaskRunner* runner) { (void)runner; }
   // device_scores() only: scores[g] receives, for positions [0, length) of group g, the score
   // gained since the last call (the device copy restarts from zero). Once per re-tiering.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <typeinfo>
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
@@ -29,9 +30,11 @@ uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
 absl::Status ValidateOptions(const TieredKvStoreOptions& o, const StoreMemory& m,
                              const KvBackend& backend) {
   RETURN_IF_ERROR(o.geometry.Validate());
-  if (o.geometry.element_bytes != 4) {
+  if (!backend.StoresElementBytes(o.geometry.element_bytes)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("geometry.element_bytes must be 4 (f32), got ", o.geometry.element_bytes));
+        absl::StrCat("geometry.element_bytes must be 4 (f32)",
+                     backend.StoresElementBytes(2) ? " or 2 (bf16)" : "", " on this backend, got ",
+                     o.geometry.element_bytes));
   }
   if (o.num_q_heads == 0 || o.num_q_heads % o.geometry.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_q_heads (", o.num_q_heads,
@@ -123,6 +126,7 @@ absl::StatusOr<std::unique_ptr<TieredKvStore>> TieredKvStore::Create(
 TieredKvStore::TieredKvStore(const TieredKvStoreOptions& options, const StoreMemory& memory,
                              const codecs::Codec* codec, std::unique_ptr<KvBackend> backend)
     : geometry_(options.geometry),
+      num_q_heads_(options.num_q_heads),
       keep_mask_(options.keep_mask),
       memory_(memory),
       codec_(codec),
@@ -240,15 +244,16 @@ absl::Status TieredKvStore::Append(uint32_t layer, const float* k, const float* 
   }
   RETURN_IF_ERROR(EnsurePages(group, end_pages));
   const uint32_t pt = geometry_.page_tokens;
-  const uint64_t layer_off = layout_.LayerOffsetFloats(layer - geometry_.GroupBegin(group));
+  const uint64_t layer_off = layout_.LayerOffsetBytes(layer - geometry_.GroupBegin(group));
+  const uint64_t row_bytes = layout_.RowBytes();
   // One write per page touched: rows of one page are contiguous in its K and its V block.
   for (uint32_t i = 0; i < n;) {
     const uint32_t pos = begin + i;
     const uint32_t rows = std::min(n - i, pt - pos % pt);
     PageEntry& entry = pages_[group][pos / pt];
-    float* base = reinterpret_cast<float*>(PageBytes(group, pos / pt)) + layer_off;
+    uint8_t* base = PageBytes(group, pos / pt) + layer_off;
     RETURN_IF_ERROR(backend_->WriteRows(
-        base + uint64_t{pos % pt} * row_floats_, base + (uint64_t{pt} + pos % pt) * row_floats_,
+        base + uint64_t{pos % pt} * row_bytes, base + (uint64_t{pt} + pos % pt) * row_bytes,
         k + i * row_floats_, v + i * row_floats_, rows, row_floats_));
     entry.version += rows;
     i += rows;
@@ -279,8 +284,8 @@ absl::Status TieredKvStore::SetKeep(uint32_t layer, uint32_t kv_head, uint32_t p
   return absl::OkStatus();
 }
 
-absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
-                                   float* position_mass) {
+absl::Status TieredKvStore::PrepareAttend(uint32_t layer, const float* q, uint32_t n, float* out,
+                                          float* position_mass, AttendCall* call) {
   if (layer >= geometry_.num_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " out of range [0, ", geometry_.num_layers, ")"));
@@ -297,7 +302,6 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
     return absl::InvalidArgumentError(
         "position_mass must be null on this backend: it accumulates the scores itself");
   }
-  const auto start = std::chrono::steady_clock::now();
   const uint32_t group = geometry_.GroupOfLayer(layer);
   if (keep_mask_) {
     keep_rows_.clear();
@@ -305,25 +309,82 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
       keep_rows_.push_back(keep_[size_t{layer} * geometry_.num_kv_heads + h].data());
     }
   }
-  AttendCall call;
-  call.layer = layer;
-  call.group = group;
-  call.q = q;
-  call.n = n;
-  call.out = out;
-  call.position_mass = position_mass;
-  call.length = length;
-  call.pages = pages_[group].data();
+  *call = AttendCall{};
+  call->layer = layer;
+  call->group = group;
+  call->q = q;
+  call->n = n;
+  call->out = out;
+  call->position_mass = position_mass;
+  call->length = length;
+  call->pages = pages_[group].data();
   if (!in_place_.empty()) {
-    call.in_place = in_place_[group].data();
-    call.in_place_pages = static_cast<uint32_t>(in_place_[group].size());
+    call->in_place = in_place_[group].data();
+    call->in_place_pages = static_cast<uint32_t>(in_place_[group].size());
   }
-  call.split = n == 1 && SplitsAt(group, length);
-  call.keep = keep_mask_ ? keep_rows_.data() : nullptr;
-  call.ddr_base = BaseOf(memory_.ddr_pool);
-  call.compressed_base = BaseOf(memory_.compressed_pool);
+  call->split = n == 1 && SplitsAt(group, length);
+  call->keep = keep_mask_ ? keep_rows_.data() : nullptr;
+  call->ddr_base = BaseOf(memory_.ddr_pool);
+  call->compressed_base = BaseOf(memory_.compressed_pool);
+  return absl::OkStatus();
+}
+
+absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
+                                   float* position_mass) {
+  AttendCall call;
+  RETURN_IF_ERROR(PrepareAttend(layer, q, n, out, position_mass, &call));
+  const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(backend_->Attend(call, stats_));
   stats_.attend_nanos += NanosSince(start);
+  return absl::OkStatus();
+}
+
+absl::Status TieredKvStore::AttendBatch(const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                                        const float* q, float* out,
+                                        const std::vector<float*>& position_mass) {
+  if (stores.empty()) return absl::InvalidArgumentError("stores must not be empty");
+  if (!position_mass.empty() && position_mass.size() != stores.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("position_mass.size() (", position_mass.size(),
+                                                   ") must be 0 or stores.size() (", stores.size(),
+                                                   ")"));
+  }
+  for (size_t i = 0; i < stores.size(); ++i) {
+    auto at = [i] { return absl::StrCat("stores[", i, "]"); };
+    const TieredKvStore* s = stores[i];
+    if (s == nullptr) return absl::InvalidArgumentError(absl::StrCat(at(), " is null"));
+    if (std::find(stores.begin(), stores.begin() + i, s) != stores.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat(at(), " is listed twice"));
+    }
+    const layout::KvGeometry& a = stores[0]->geometry_;
+    const layout::KvGeometry& b = s->geometry_;
+    if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||
+        a.head_dim != b.head_dim || a.page_tokens != b.page_tokens ||
+        a.layer_groups != b.layer_groups || stores[0]->num_q_heads_ != s->num_q_heads_) {
+      return absl::InvalidArgumentError(absl::StrCat(at(), " has another geometry than stores[0]"));
+    }
+    const KvBackend& ba = *stores[0]->backend_;
+    const KvBackend& bb = *s->backend_;
+    if (typeid(ba) != typeid(bb)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at(), " runs on another backend than stores[0]"));
+    }
+  }
+  const uint64_t q_row = uint64_t{stores[0]->geometry_.head_dim} * stores[0]->num_q_heads_;
+  std::vector<AttendCall> calls(stores.size());
+  std::vector<KvBackend*> backends(stores.size());
+  std::vector<StoreStats*> stats(stores.size());
+  for (size_t i = 0; i < stores.size(); ++i) {
+    float* mass = position_mass.empty() ? nullptr : position_mass[i];
+    absl::Status s =
+        stores[i]->PrepareAttend(layer, q + i * q_row, 1, out + i * q_row, mass, &calls[i]);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("stores[", i, "]: ", s.message()));
+    backends[i] = stores[i]->backend_.get();
+    stats[i] = &stores[i]->stats_;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(backends[0]->AttendBatch(backends, calls, stats));
+  const uint64_t share = NanosSince(start) / stores.size();
+  for (TieredKvStore* s : stores) s->stats_.attend_nanos += share;
   return absl::OkStatus();
 }
 

@@ -5,10 +5,10 @@
 // T1 (DDR pool slot), T2 (compressed pool slot) or T3 (evicted), moved by plans.
 //
 // Page layout (core/layout/geometry.h): a page holds page_tokens positions of one layer group;
-// for each layer of the group, K then V, each [page_tokens][num_kv_heads][head_dim] f32. T0 and
-// T1 hold that layout verbatim (T1 slot = KvGeometry::PageBytes(group) bytes); T2 holds, per
-// layer, the codec's encoding of K then V, each block reserved for page_tokens rows and 16-byte
-// aligned (CompressedSlotBytes).
+// for each layer of the group, K then V, each [page_tokens][num_kv_heads][head_dim] f32 (bf16 on
+// the CUDA backend when asked). T0 and T1 hold that layout verbatim (T1 slot =
+// KvGeometry::PageBytes(group) bytes); T2 holds, per layer, the codec's encoding of K then V, each
+// block reserved for page_tokens rows and 16-byte aligned (CompressedSlotBytes).
 //
 // Zero-error property: attention reads T0 and T1 pages (in place on the host backend, staged on
 // a device) through the same kernel in position order, so with no T2/T3 page the output and
@@ -41,7 +41,8 @@
 namespace kvtier::worker {
 
 struct TieredKvStoreOptions {
-  // element_bytes must be 4 (f32, on every backend).
+  // element_bytes: 4 (f32, every backend) or 2 (bf16, the CUDA backend: rows are given as f32
+  // and stored rounded to nearest even).
   layout::KvGeometry geometry;
   uint32_t num_q_heads = 0;         // multiple of geometry.num_kv_heads
   float scale = 0.f;                // 0 = 1/sqrt(head_dim)
@@ -82,6 +83,9 @@ struct StoreStats {
   uint64_t t2_layers_reused = 0;       // (page, layer) blocks found already staged
   uint64_t attend_nanos = 0;           // time in Attend (staging + kernel)
   uint64_t split_attends = 0;          // Attend calls merged from two partials
+  // Host-to-device bytes copied into staging for attention, the next layer's prefetch included
+  // (device backends; 0 on the host backend, which reads T1 in place).
+  uint64_t staged_h2d_bytes = 0;
 };
 
 // The scale attention uses: options.scale, or 1/sqrt(head_dim) when it is 0.
@@ -122,6 +126,17 @@ class TieredKvStore final : public AttentionCache {
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
   void SetTaskRunner(kernels::TaskRunner* runner) override { backend_->SetTaskRunner(runner); }
+  // One decode query of `layer` per store (its last position), attended in one batch: on a
+  // device backend one kernel for all of them, elsewhere one after the other, the same results
+  // as one Attend(layer, q_i, 1, out_i, mass_i) per store. q and out are [stores.size()]
+  // [q_heads][head_dim] (the backends' memory); position_mass is empty or one pointer per store
+  // (null allowed; must be empty or all null on a device_scores backend). INVALID_ARGUMENT
+  // naming stores[i] (and changing nothing) for an empty or null list, a store listed twice,
+  // stores of another geometry, query-head count or backend kind than stores[0], a layer out of
+  // range or with no cached position, or a position_mass of another size.
+  static absl::Status AttendBatch(const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                                  const float* q, float* out,
+                                  const std::vector<float*>& position_mass = {});
 
   // --- Plans. Applies `moves` in order; slots[i] is the destination of moves[i]. The whole plan
   // is validated before any data moves; on error nothing changed. INVALID_ARGUMENT naming the
@@ -171,9 +186,9 @@ class TieredKvStore final : public AttentionCache {
   uint64_t SlotBytes(PoolKind kind, uint32_t group) const;
   // Slots this store holds now (T1 and T2 pages): what CloseSequence must free.
   std::vector<ReleasedSlot> HeldSlots() const;
-  // Full-precision view of a page (dequantized for T2): DdrSlotBytes/4 floats into dst (host
-  // memory, on every backend). FAILED_PRECONDITION for an evicted page, INVALID_ARGUMENT for an
-  // unknown one.
+  // Full-precision view of a page (dequantized for T2, bf16 widened): DdrSlotBytes /
+  // element_bytes floats into dst (host memory, on every backend). FAILED_PRECONDITION for an
+  // evicted page, INVALID_ARGUMENT for an unknown one.
   absl::Status ReadPage(uint32_t group, uint32_t page, float* dst) const;
   const StoreStats& stats() const { return stats_; }
   const KvBackend& backend() const { return *backend_; }
@@ -215,8 +230,12 @@ class TieredKvStore final : public AttentionCache {
   bool InPlaceNow(uint32_t group, uint32_t page) const;
   // The layer's decode-step positions have a live in-place page (split attention applies).
   bool SplitsAt(uint32_t group, uint32_t length) const;
+  // Validates an Attend and fills its call (keep_rows_ must outlive the call).
+  absl::Status PrepareAttend(uint32_t layer, const float* q, uint32_t n, float* out,
+                             float* position_mass, AttendCall* call);
 
   layout::KvGeometry geometry_;
+  uint32_t num_q_heads_;
   bool keep_mask_;
   StoreMemory memory_;
   const codecs::Codec* codec_;

@@ -1,38 +1,15 @@
 #include "bench/gpu/decode_bench.h"
 
-#include <unistd.h>
-
-#include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_status.h"
-#include "worker/cuda/pinned_mapping.h"
-#include "worker/cuda/shm_region.h"
 
 namespace kvtier::bench {
 
 using worker::cuda::GpuDecoder;
-using worker::cuda::PinnedMapping;
-using worker::cuda::ShmRegion;
 
 absl::StatusOr<DecodeResult> RunDecode(const worker::cuda::SyntheticModel& model,
                                        const worker::cuda::DecoderOptions& options, int warmup,
                                        int steps) {
-  absl::StatusOr<uint64_t> pool_bytes = GpuDecoder::RequiredPoolBytes(model.config(), options);
-  if (!pool_bytes.ok()) return pool_bytes.status();
-  std::unique_ptr<ShmRegion> shm;
-  std::unique_ptr<PinnedMapping> pool;
-  if (*pool_bytes > 0) {
-    static int counter = 0;
-    absl::StatusOr<std::unique_ptr<ShmRegion>> r =
-        ShmRegion::Create(absl::StrCat("/kvtier-bench-t1-", getpid(), "-", counter++), *pool_bytes);
-    if (!r.ok()) r = ShmRegion::CreateAnonymous(*pool_bytes);
-    if (!r.ok()) return r.status();
-    shm = *std::move(r);
-    absl::StatusOr<std::unique_ptr<PinnedMapping>> p =
-        PinnedMapping::Create(shm->data(), shm->size(), {});
-    if (!p.ok()) return p.status();
-    pool = *std::move(p);
-  }
-  absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(model, options, pool.get());
+  absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(model, options);
   if (!d.ok()) return d.status();
   for (int i = 0; i < warmup; ++i) {
     absl::Status s = (*d)->Step();

@@ -21,8 +21,8 @@ struct DecodeResult {
   std::vector<float> logits;  // after the last step, for bit-identity checks
 };
 
-// Runs `warmup` untimed then `steps` timed decode steps of a fresh decoder. The T1 pool is a
-// pinned shared-memory mapping (an anonymous shared mapping when /dev/shm is too small).
+// Runs `warmup` untimed then `steps` timed decode steps of a fresh decoder (its KV cache in the
+// tiered store over the CUDA backend, local mode: the T1 pool is the runtime's, pinned).
 absl::StatusOr<DecodeResult> RunDecode(const worker::cuda::SyntheticModel& model,
                                        const worker::cuda::DecoderOptions& options, int warmup,
                                        int steps);

@@ -21,7 +21,9 @@
 #include "worker/cuda/layer_stager.h"
 #include "worker/cuda/pinned_mapping.h"
 #include "worker/host_kv_backend.h"
+#include "worker/kernels/cuda/dtype.h"
 #include "worker/kernels/cuda/kv_ops.h"
+#include "worker/kernels/cuda/model_ops.h"
 #include "worker/kernels/cuda/paged_attention.h"
 
 namespace kvtier::worker::cuda {
@@ -126,6 +128,9 @@ struct PageTable {
   uint8_t* dev = nullptr;
   uint64_t capacity = 0;
   cudaEvent_t uploaded = nullptr;
+  // Of the last upload: [pages] entries, then [queries] page offsets, then [queries] lengths.
+  uint64_t pages = 0;
+  uint32_t queries = 0;
 };
 
 kc::CodecKind CodecKindOf(const codecs::Codec& codec) {
@@ -133,6 +138,22 @@ kc::CodecKind CodecKindOf(const codecs::Codec& codec) {
   return name == "fp8_e4m3" ? kc::CodecKind::kFp8E4m3
          : name == "minmax" ? kc::CodecKind::kMinMax
                             : kc::CodecKind::kInt8Kivi;
+}
+
+// The same layout in f32: what the CPU codecs and the host helpers read and write.
+KvLayout F32Layout(KvLayout layout) {
+  layout.geometry.element_bytes = 4;
+  return layout;
+}
+
+// bf16 bits -> f32 (exact), and f32 -> bf16 (round to nearest even), `values` elements.
+void Widen(const uint8_t* src, uint64_t values, float* dst) {
+  const auto* bits = reinterpret_cast<const uint16_t*>(src);
+  for (uint64_t i = 0; i < values; ++i) dst[i] = kc::Bf16BitsToF32(bits[i]);
+}
+void Narrow(const float* src, uint64_t values, uint8_t* dst) {
+  auto* bits = reinterpret_cast<uint16_t*>(dst);
+  for (uint64_t i = 0; i < values; ++i) bits[i] = kc::F32ToBf16Bits(src[i]);
 }
 
 // Device buffer that only grows (contents are not kept).
@@ -157,17 +178,21 @@ class CudaKvBackend final : public KvBackend {
         scale_(AttentionScale(options)),
         compute_(compute),
         pinned_(pinned),
+        dtype_(options.geometry.element_bytes == 2 ? kc::KvDtype::kBf16 : kc::KvDtype::kF32),
         host_(HostKvBackendOptions{
-            .layout = layout_, .num_q_heads = options.num_q_heads, .scale = scale_}),
+            .layout = F32Layout(layout_), .num_q_heads = options.num_q_heads, .scale = scale_}),
         tables_(options.geometry.num_layers + 1) {}
   ~CudaKvBackend() override;
 
   bool host_t0() const override { return false; }
   bool device_scores() const override { return true; }
+  bool StoresElementBytes(uint32_t element_bytes) const override {
+    return element_bytes == 4 || element_bytes == 2;
+  }
   absl::Status BindPools(PagePool* ddr, PagePool* compressed) override;
   absl::Status ClearBlock(uint8_t* block, uint64_t bytes) override;
-  absl::Status WriteRows(float* k_dst, float* v_dst, const float* k, const float* v, uint32_t rows,
-                         uint64_t row_floats) override;
+  absl::Status WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k, const float* v,
+                         uint32_t rows, uint64_t row_floats) override;
   absl::Status CopyPage(Tier from, const uint8_t* src, Tier to, uint8_t* dst,
                         uint64_t bytes) override;
   absl::Status EncodePage(Tier from, const uint8_t* src, uint32_t group, uint32_t rows,
@@ -182,10 +207,18 @@ class CudaKvBackend final : public KvBackend {
   absl::Status Drain() override;
   void Forget(uint32_t, uint32_t) override {}  // staged copies are keyed by version
   absl::Status Attend(const AttendCall& call, StoreStats& stats) override;
+  absl::Status AttendBatch(const std::vector<KvBackend*>& backends,
+                           const std::vector<AttendCall>& calls,
+                           const std::vector<StoreStats*>& stats) override;
   absl::Status TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) override;
 
  private:
-  uint64_t BlockBytes() const { return layout_.LayerBlockFloats() * 4; }
+  uint64_t BlockBytes() const { return layout_.LayerBlockBytes(); }
+  bool bf16() const { return dtype_ == kc::KvDtype::kBf16; }
+  // Elements of one page of `group`.
+  uint64_t PageValues(uint32_t group) const {
+    return layout_.geometry.PageBytes(group) / layout_.geometry.element_bytes;
+  }
   LayerStagerOptions StagerOptions(uint32_t entries) const;
   absl::Status EnsureStager(uint32_t entries);
   // Records the token of a copy just issued on `stream`; `then` is ordered after it.
@@ -195,18 +228,33 @@ class CudaKvBackend final : public KvBackend {
   // The layer's T1/T2 pages as staging requests, and their page indices.
   void StageRequests(const AttendCall& call, uint32_t layer, std::vector<StageRequest>* out,
                      std::vector<uint32_t>* pages) const;
-  absl::StatusOr<PageTable*> UploadTable(const AttendCall& call,
-                                         const std::vector<uint8_t*>& staged);
+  // One store's share of an attention launch: its call (run for `owner`, whose scores the
+  // mass goes to) and the device blocks staged for its T1/T2 pages, in page order.
+  struct LaunchPart {
+    CudaKvBackend* owner;
+    const AttendCall* call;
+    const std::vector<uint8_t*>* staged;
+  };
+  // Stages the call's T1/T2 pages and makes the compute stream wait for them.
+  absl::Status StageFor(const AttendCall& call, StoreStats& stats, std::vector<uint8_t*>* staged);
+  // After the launch: releases the staging slot and prefetches the next layer.
+  absl::Status FinishAttend(const AttendCall& call, bool staged, StoreStats& stats);
+  // One page table for every part (this backend's ring), queries in part order.
+  absl::StatusOr<PageTable*> UploadTable(const std::vector<LaunchPart>& parts);
   absl::Status EnsureScores(uint32_t length);
-  absl::Status LaunchAttention(const AttendCall& call, const PageTable& table);
-  absl::Status PrefetchNext(const AttendCall& call);
+  // REQUIRES: the parts' queries (and outputs) are consecutive rows from parts[0].call->q.
+  absl::Status LaunchAttention(const std::vector<LaunchPart>& parts, const PageTable& table);
+  // Host-to-device bytes it issued go to `stats`.
+  absl::Status PrefetchNext(const AttendCall& call, StoreStats& stats);
 
   KvLayout layout_;
   uint32_t num_q_heads_;
   float scale_;
   cudaStream_t compute_;
-  PinnedPools* pinned_;  // not owned
-  HostKvBackend host_;   // the CPU codecs, for moves between host tiers
+  PinnedPools* pinned_;         // not owned
+  kc::KvDtype dtype_;           // of T0, T1 and staged blocks
+  HostKvBackend host_;          // the CPU codecs (f32), for moves between host tiers
+  std::vector<float> widened_;  // one page as f32, for host moves and reads of a bf16 store
   PinnedMapping* t1_ = nullptr;
   PinnedMapping* t2_ = nullptr;
   std::unique_ptr<LayerStager> stager_;
@@ -245,7 +293,7 @@ LayerStagerOptions CudaKvBackend::StagerOptions(uint32_t entries) const {
   o.page_tokens = layout_.geometry.page_tokens;
   o.num_kv_heads = layout_.geometry.num_kv_heads;
   o.head_dim = layout_.geometry.head_dim;
-  o.dtype = kc::KvDtype::kF32;
+  o.dtype = dtype_;
   o.codec = CodecKindOf(*layout_.codec);
   o.max_offload_batch = 256;
   return o;
@@ -313,8 +361,16 @@ absl::Status CudaKvBackend::ClearBlock(uint8_t* block, uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::WriteRows(float* k_dst, float* v_dst, const float* k, const float* v,
-                                      uint32_t rows, uint64_t row_floats) {
+absl::Status CudaKvBackend::WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k,
+                                      const float* v, uint32_t rows, uint64_t row_floats) {
+  if (bf16()) {  // the engine's f32 rows (device memory), rounded into the page
+    const uint64_t n = uint64_t{rows} * row_floats;
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        kc::CastF32ToBf16(k, n, reinterpret_cast<uint16_t*>(k_dst), compute_));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        kc::CastF32ToBf16(v, n, reinterpret_cast<uint16_t*>(v_dst), compute_));
+    return absl::OkStatus();
+  }
   const uint64_t bytes = rows * row_floats * 4;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k_dst, k, bytes, cudaMemcpyDefault, compute_));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_dst, v, bytes, cudaMemcpyDefault, compute_));
@@ -353,7 +409,11 @@ absl::Status CudaKvBackend::EncodePage(Tier from, const uint8_t* src, uint32_t g
                                        uint8_t* dst) {
   if (from != Tier::kT0) {
     RETURN_IF_ERROR(DrainCopies());
-    return host_.EncodePage(from, src, group, rows, dst);
+    if (!bf16()) return host_.EncodePage(from, src, group, rows, dst);
+    widened_.resize(PageValues(group));
+    Widen(src, widened_.size(), widened_.data());
+    return host_.EncodePage(from, reinterpret_cast<const uint8_t*>(widened_.data()), group, rows,
+                            dst);
   }
   if (stager_ == nullptr || t2_ == nullptr) {
     return absl::FailedPreconditionError("the store has no T2 pool");
@@ -377,7 +437,12 @@ absl::Status CudaKvBackend::DecodePage(const uint8_t* src, uint32_t group, uint3
                                        uint8_t* dst) {
   if (to != Tier::kT0) {
     RETURN_IF_ERROR(DrainCopies());
-    return host_.DecodePage(src, group, rows, to, dst);
+    if (!bf16()) return host_.DecodePage(src, group, rows, to, dst);
+    widened_.resize(PageValues(group));
+    RETURN_IF_ERROR(
+        host_.DecodePage(src, group, rows, to, reinterpret_cast<uint8_t*>(widened_.data())));
+    Narrow(widened_.data(), widened_.size(), dst);
+    return absl::OkStatus();
   }
   if (stager_ == nullptr || t2_ == nullptr) {
     return absl::FailedPreconditionError("the store has no T2 pool");
@@ -395,13 +460,25 @@ absl::Status CudaKvBackend::DecodePage(const uint8_t* src, uint32_t group, uint3
 absl::Status CudaKvBackend::ReadPage(const StoredPage& page, uint32_t group,
                                      const uint8_t* ddr_base, const uint8_t* compressed_base,
                                      float* dst) {
-  if (page.tier != Tier::kT0) {
-    RETURN_IF_ERROR(DrainCopies());
+  if (page.tier == Tier::kT2 || (page.tier == Tier::kT1 && !bf16())) {
+    RETURN_IF_ERROR(DrainCopies());  // the CPU codec decodes T2 to f32 values
     return host_.ReadPage(page, group, ddr_base, compressed_base, dst);
   }
+  if (page.tier == Tier::kT1) {
+    RETURN_IF_ERROR(DrainCopies());
+    Widen(ddr_base + page.slot, PageValues(group), dst);
+    return absl::OkStatus();
+  }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  if (!bf16()) {
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst, page.t0, layout_.geometry.PageBytes(group), cudaMemcpyDeviceToHost));
+    return absl::OkStatus();
+  }
+  std::vector<uint8_t> bits(layout_.geometry.PageBytes(group));
   KVTIER_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(dst, page.t0, layout_.geometry.PageBytes(group), cudaMemcpyDeviceToHost));
+      cudaMemcpy(bits.data(), page.t0, bits.size(), cudaMemcpyDeviceToHost));
+  Widen(bits.data(), PageValues(group), dst);
   return absl::OkStatus();
 }
 
@@ -428,11 +505,15 @@ void CudaKvBackend::StageRequests(const AttendCall& call, uint32_t layer,
   }
 }
 
-absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const AttendCall& call,
-                                                      const std::vector<uint8_t*>& staged) {
+absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPart>& parts) {
   const layout::KvGeometry& g = layout_.geometry;
-  const uint64_t pages = g.NumPages(call.length);
-  const uint64_t bytes = pages * sizeof(void*) + 2 * uint64_t{call.n} * sizeof(int32_t);
+  uint64_t pages = 0;
+  uint32_t queries = 0;
+  for (const LaunchPart& part : parts) {
+    pages += g.NumPages(part.call->length);
+    queries += part.call->n;
+  }
+  const uint64_t bytes = pages * sizeof(void*) + 2 * uint64_t{queries} * sizeof(int32_t);
   PageTable& t = tables_[next_table_];
   next_table_ = (next_table_ + 1) % tables_.size();
   if (t.uploaded == nullptr) {
@@ -450,21 +531,31 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const AttendCall& call,
     KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&t.dev, n));
     t.capacity = n;
   }
+  t.pages = pages;
+  t.queries = queries;
   auto* entries = reinterpret_cast<const void**>(t.host);
-  const uint64_t layer_off = layout_.LayerOffsetFloats(call.layer - g.GroupBegin(call.group)) * 4;
-  size_t next_staged = 0;
-  for (uint64_t p = 0; p < pages; ++p) {
-    const StoredPage& e = call.pages[p];
-    entries[p] = e.tier == Tier::kT0   ? e.t0 + layer_off
-                 : e.tier == Tier::kT3 ? nullptr
-                                       : staged[next_staged++];
-  }
   auto* indptr = reinterpret_cast<int32_t*>(t.host + pages * sizeof(void*));
-  int32_t* lengths = indptr + call.n;
-  // Query b sits at position length - n + b: one "sequence" per query over the same pages.
-  for (uint32_t b = 0; b < call.n; ++b) {
-    indptr[b] = 0;
-    lengths[b] = static_cast<int32_t>(call.length - call.n + b + 1);
+  int32_t* lengths = indptr + queries;
+  uint64_t first = 0;
+  uint32_t row = 0;
+  for (const LaunchPart& part : parts) {
+    const AttendCall& call = *part.call;
+    const uint64_t n_pages = g.NumPages(call.length);
+    const uint64_t layer_off = layout_.LayerOffsetBytes(call.layer - g.GroupBegin(call.group));
+    size_t next_staged = 0;
+    for (uint64_t p = 0; p < n_pages; ++p) {
+      const StoredPage& e = call.pages[p];
+      entries[first + p] = e.tier == Tier::kT0   ? e.t0 + layer_off
+                           : e.tier == Tier::kT3 ? nullptr
+                                                 : (*part.staged)[next_staged++];
+    }
+    // Query b of the call sits at position length - n + b: one "sequence" per query over the
+    // call's pages.
+    for (uint32_t b = 0; b < call.n; ++b, ++row) {
+      indptr[row] = static_cast<int32_t>(first);
+      lengths[row] = static_cast<int32_t>(call.length - call.n + b + 1);
+    }
+    first += n_pages;
   }
   KVTIER_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(t.dev, t.host, bytes, cudaMemcpyHostToDevice, compute_));
@@ -490,52 +581,69 @@ absl::Status CudaKvBackend::EnsureScores(uint32_t length) {
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::LaunchAttention(const AttendCall& call, const PageTable& table) {
+absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts,
+                                            const PageTable& table) {
   const layout::KvGeometry& g = layout_.geometry;
-  const uint64_t pages = g.NumPages(call.length);
   const uint64_t q_row = uint64_t{num_q_heads_} * g.head_dim;
-  const auto* lengths =
-      reinterpret_cast<const int32_t*>(table.dev + pages * sizeof(void*)) + call.n;
-  const uint32_t batch = std::min(call.n, kMaxBatch);
+  const auto* indptr = reinterpret_cast<const int32_t*>(table.dev + table.pages * sizeof(void*));
+  const int32_t* lengths = indptr + table.queries;
+  const int32_t* host_lengths =
+      reinterpret_cast<const int32_t*>(table.host + table.pages * sizeof(void*)) + table.queries;
+  uint32_t max_length = 0;
+  for (const LaunchPart& part : parts) {
+    max_length = std::max(max_length, part.call->length);
+    RETURN_IF_ERROR(part.owner->EnsureScores(part.call->length));
+  }
+  const uint32_t batch = std::min(table.queries, kMaxBatch);
   RETURN_IF_ERROR(
       Grow(&workspace_, &workspace_floats_,
-           kc::PagedDecodeWorkspaceBytes(batch, call.length, num_q_heads_, g.head_dim) / 4));
-  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, uint64_t{batch} * call.length));
-  RETURN_IF_ERROR(EnsureScores(call.length));
-  for (uint32_t b0 = 0; b0 < call.n; b0 += kMaxBatch) {
-    const uint32_t rows = std::min(kMaxBatch, call.n - b0);
-    const uint32_t first_length = call.length - call.n + b0 + 1;
+           kc::PagedDecodeWorkspaceBytes(batch, max_length, num_q_heads_, g.head_dim) / 4));
+  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, uint64_t{batch} * max_length));
+  const AttendCall& first = *parts[0].call;
+  const float weight = tiering::DeviceMassWeight(num_q_heads_, g.LayersInGroup(first.group));
+  for (uint32_t r0 = 0; r0 < table.queries; r0 += kMaxBatch) {
+    const uint32_t rows = std::min(kMaxBatch, table.queries - r0);
     kc::PagedDecodeParams p;
-    p.q = call.q + b0 * q_row;
-    p.out = call.out + b0 * q_row;
+    p.q = first.q + r0 * q_row;
+    p.out = first.out + r0 * q_row;
     p.pages = reinterpret_cast<const void* const*>(table.dev);
-    p.page_indptr = reinterpret_cast<const int32_t*>(table.dev + pages * sizeof(void*));
-    p.lengths = lengths + b0;
+    p.page_indptr = indptr + r0;
+    p.lengths = lengths + r0;
     p.position_mass = mass_;
-    p.mass_stride = call.length;
+    p.mass_stride = max_length;
     p.workspace = workspace_;
     p.batch = rows;
-    p.max_length = first_length + rows - 1;
+    p.max_length =
+        static_cast<uint32_t>(*std::max_element(host_lengths + r0, host_lengths + r0 + rows));
     p.num_q_heads = num_q_heads_;
     p.num_kv_heads = g.num_kv_heads;
     p.head_dim = g.head_dim;
     p.page_tokens = g.page_tokens;
     p.scale = scale_;
-    p.kv_dtype = kc::KvDtype::kF32;
+    p.kv_dtype = dtype_;
     KVTIER_CUDA_RETURN_IF_ERROR(kc::PagedDecodeAttention(p, compute_));
-    kc::ScoreAccumulateParams s;
-    s.mass = mass_;
-    s.rows = rows;
-    s.mass_stride = call.length;
-    s.first_length = first_length;
-    s.weight = tiering::DeviceMassWeight(num_q_heads_, g.LayersInGroup(call.group));
-    s.scores = scores_ + uint64_t{call.group} * score_capacity_;
-    KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScores(s, compute_));
+    // Each part's rows of this chunk go to its own cumulative score.
+    uint32_t begin = 0;
+    for (const LaunchPart& part : parts) {
+      const AttendCall& call = *part.call;
+      const uint32_t lo = std::max(r0, begin), hi = std::min(r0 + rows, begin + call.n);
+      if (lo < hi) {
+        kc::ScoreAccumulateParams s;
+        s.mass = mass_ + uint64_t{lo - r0} * max_length;
+        s.rows = hi - lo;
+        s.mass_stride = max_length;
+        s.first_length = call.length - call.n + (lo - begin) + 1;
+        s.weight = weight;
+        s.scores = part.owner->scores_ + uint64_t{call.group} * part.owner->score_capacity_;
+        KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScores(s, compute_));
+      }
+      begin += call.n;
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call) {
+absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, StoreStats& stats) {
   // One layer ahead, within the group (the pages of another group are another table).
   const uint32_t next = call.layer + 1;
   const layout::KvGeometry& g = layout_.geometry;
@@ -545,25 +653,69 @@ absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call) {
   }
   StageRequests(call, next, &requests_, &request_pages_);
   if (requests_.empty()) return absl::OkStatus();
-  return stager_->Prefetch(next, requests_).status();
+  ASSIGN_OR_RETURN(StagedLayer staged, stager_->Prefetch(next, requests_));
+  stats.staged_h2d_bytes += staged.copied_bytes;
+  return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& /*stats*/) {
+absl::Status CudaKvBackend::StageFor(const AttendCall& call, StoreStats& stats,
+                                     std::vector<uint8_t*>* staged) {
   // Pages a schedule leaves in place are staged like the rest: attention stays whole (exact).
+  staged->clear();
+  if (stager_ == nullptr) return absl::OkStatus();
+  StageRequests(call, call.layer, &requests_, &request_pages_);
+  if (requests_.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
+  ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
+  RETURN_IF_ERROR(stager_->Acquire(call.layer, compute_));
+  stats.staged_h2d_bytes += layer.copied_bytes;
+  *staged = std::move(layer.blocks);
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvBackend::FinishAttend(const AttendCall& call, bool staged, StoreStats& stats) {
+  if (staged) RETURN_IF_ERROR(stager_->Release(call.layer, compute_));
+  return PrefetchNext(call, stats);
+}
+
+absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& stats) {
   std::vector<uint8_t*> staged;
-  if (stager_ != nullptr) {
-    StageRequests(call, call.layer, &requests_, &request_pages_);
-    if (!requests_.empty()) {
-      RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
-      ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
-      RETURN_IF_ERROR(stager_->Acquire(call.layer, compute_));
-      staged = std::move(layer.blocks);
+  RETURN_IF_ERROR(StageFor(call, stats, &staged));
+  const std::vector<LaunchPart> parts = {{this, &call, &staged}};
+  ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
+  RETURN_IF_ERROR(LaunchAttention(parts, *table));
+  return FinishAttend(call, !staged.empty(), stats);
+}
+
+absl::Status CudaKvBackend::AttendBatch(const std::vector<KvBackend*>& backends,
+                                        const std::vector<AttendCall>& calls,
+                                        const std::vector<StoreStats*>& stats) {
+  // One launch needs CUDA peers on this stream, of this head shape, with consecutive queries;
+  // anything else attends call by call.
+  const uint64_t q_row = uint64_t{num_q_heads_} * layout_.geometry.head_dim;
+  std::vector<CudaKvBackend*> peers;
+  uint64_t row = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    auto* peer = dynamic_cast<CudaKvBackend*>(backends[i]);
+    if (peer == nullptr || peer->compute_ != compute_ || peer->num_q_heads_ != num_q_heads_ ||
+        calls[i].q != calls[0].q + row * q_row || calls[i].out != calls[0].out + row * q_row) {
+      return KvBackend::AttendBatch(backends, calls, stats);
     }
+    peers.push_back(peer);
+    row += calls[i].n;
   }
-  ASSIGN_OR_RETURN(PageTable * table, UploadTable(call, staged));
-  RETURN_IF_ERROR(LaunchAttention(call, *table));
-  if (!staged.empty()) RETURN_IF_ERROR(stager_->Release(call.layer, compute_));
-  return PrefetchNext(call);
+  std::vector<std::vector<uint8_t*>> staged(calls.size());
+  std::vector<LaunchPart> parts;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    RETURN_IF_ERROR(peers[i]->StageFor(calls[i], *stats[i], &staged[i]));
+    parts.push_back({peers[i], &calls[i], &staged[i]});
+  }
+  ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
+  RETURN_IF_ERROR(LaunchAttention(parts, *table));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    RETURN_IF_ERROR(peers[i]->FinishAttend(calls[i], !staged[i].empty(), *stats[i]));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaKvBackend::TakeScores(uint32_t length, std::vector<std::vector<float>>* scores) {

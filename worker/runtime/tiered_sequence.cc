@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/status/status_macros.h"
 #include "core/tiering/plan.h"
 #include "kvtier/client.h"
@@ -83,6 +84,48 @@ absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, 
   if (position_mass != nullptr) std::copy(mass.begin(), mass.end(), position_mass);
   if (layer + 1 == layer_mass_.size()) return EndForwardPass(n);
   return absl::OkStatus();
+}
+
+absl::Status TieredSequence::AttendBatch(const std::vector<TieredSequence*>& sequences,
+                                         uint32_t layer, const float* q, float* out) {
+  std::vector<TieredKvStore*> stores;
+  std::vector<float*> masses;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    TieredSequence* seq = sequences[i];
+    if (seq == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("sequences[", i, "] is null"));
+    }
+    if (layer >= seq->layer_mass_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequences[", i, "]: layer ", layer, " out of range"));
+    }
+    stores.push_back(seq->store_.get());
+    // The host backend hands the mass over per layer (added up at the pass's end).
+    if (!seq->store_->backend().device_scores()) {
+      std::vector<float>& mass = seq->layer_mass_[layer];
+      mass.resize(seq->store_->Length(layer));
+      masses.push_back(mass.data());
+    }
+  }
+  if (!masses.empty() && masses.size() != stores.size()) {
+    return absl::InvalidArgumentError("sequences must all keep scores on the device, or none");
+  }
+  const uint64_t start = NowNanos();
+  absl::Status attended = TieredKvStore::AttendBatch(stores, layer, q, out, masses);
+  if (!attended.ok()) {
+    return absl::Status(attended.code(),
+                        absl::StrReplaceAll(attended.message(), {{"stores[", "sequences["}}));
+  }
+  const uint64_t share = (NowNanos() - start) / sequences.size();
+  absl::Status s;
+  for (TieredSequence* seq : sequences) {
+    seq->report_.attend_nanos += share;
+    if (layer + 1 == seq->layer_mass_.size()) {
+      absl::Status ended = seq->EndForwardPass(1);
+      if (s.ok()) s = ended;
+    }
+  }
+  return s;
 }
 
 absl::Status TieredSequence::AddHostScores() {

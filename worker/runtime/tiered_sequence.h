@@ -73,6 +73,13 @@ class TieredSequence final : public AttentionCache {
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
   void SetTaskRunner(kernels::TaskRunner* runner) override { store_->SetTaskRunner(runner); }
+  // Attend(layer, q_i, 1, out_i, nullptr) for each sequence's decode query, in one batch
+  // (TieredKvStore::AttendBatch: one kernel on the CUDA backend); scores, the end of the
+  // forward pass and re-tiering as each sequence's Attend does them. q and out are
+  // [sequences.size()][q_heads][head_dim]. INVALID_ARGUMENT naming sequences[i] for a null or
+  // repeated sequence, or what the store refuses; nothing is attended then.
+  static absl::Status AttendBatch(const std::vector<TieredSequence*>& sequences, uint32_t layer,
+                                  const float* q, float* out);
 
   // Re-tiers now, whatever the step (tests, and the end of a prefill done elsewhere).
   absl::Status Retier();

@@ -25,9 +25,16 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   layout::KvGeometry geometry{.num_layers = a.num_layers,
                               .num_kv_heads = a.num_kv_heads,
                               .head_dim = a.head_dim,
-                              .element_bytes = 4,
+                              .element_bytes = options.kv_element_bytes,
                               .page_tokens = options.page_tokens,
                               .layer_groups = options.layer_groups};
+  if (options.kv_element_bytes != 4 &&
+      !(options.kv_element_bytes == 2 && options.backend == StoreBackend::kCuda)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_element_bytes must be 4 (f32), or 2 (bf16) on the CUDA backend, got ",
+                     options.kv_element_bytes,
+                     options.backend == StoreBackend::kHost ? " on the host backend" : ""));
+  }
   RETURN_IF_ERROR(geometry.Validate());
   ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
   auto runtime = std::unique_ptr<WorkerRuntime>(new WorkerRuntime(options, geometry));

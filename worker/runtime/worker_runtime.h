@@ -46,6 +46,9 @@ struct RuntimeOptions {
   StoreBackend backend = StoreBackend::kHost;
   // kCuda: the engine's compute stream (a cudaStream_t); null = the default stream.
   void* cuda_stream = nullptr;
+  // Bytes of a stored KV element: 4 = f32 (every backend), 2 = bf16 (kCuda only: the engine
+  // still hands f32 rows, the store rounds them). Slot sizes and T0/T1 bytes follow it.
+  uint32_t kv_element_bytes = 4;
   uint64_t local_ddr_bytes = 2ull << 30;
   uint64_t local_compressed_bytes = 1ull << 30;
   bool portable_kernel = false;  // force the portable attention kernel

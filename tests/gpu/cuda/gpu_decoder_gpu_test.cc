@@ -1,17 +1,17 @@
-// The GPU engine path end to end on a small synthetic model: `full` and `hierarchy` with no
-// eviction give bit-identical logits, tokens and attention mass (the zero-error property on the
-// GPU), and the prefetch moves exactly the T1 bytes the staging plan says.
-
-#include <unistd.h>
+// The synthetic decoder on the GPU, its KV cache in the tiered store over the CUDA backend:
+// `full` and `hierarchy` with no eviction give bit-identical logits, tokens and cumulative
+// scores (the zero-error property on the GPU) while hierarchy really reads T1 pages staged from
+// host memory; the staging moves exactly the T1 bytes the double-buffered slots call for; pages
+// leave T0 by the policy's plans.
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/cuda/gpu_test_util.h"
 #include "worker/cuda/gpu_decoder.h"
-#include "worker/cuda/shm_region.h"
 
 namespace kvtier::worker::cuda {
 namespace {
@@ -31,35 +31,30 @@ SyntheticModelConfig Small(uint32_t head_dim) {
 struct DecodeRun {
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> tokens;
-  std::vector<float> mass;
-  std::vector<uint64_t> h2d;
+  std::vector<uint64_t> h2d;               // staging bytes per step
+  std::vector<std::vector<float>> scores;  // [sequence] cumulative, as of the last re-tiering
   DecoderStats stats;
 };
 
-class GpuDecoderGpuTest : public ::testing::TestWithParam<uint32_t> {
+// (head_dim, bf16 KV)
+class GpuDecoderGpuTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {
  protected:
   void SetUp() override {
     const std::string why = ::kvtier::testing::NoGpuReason();
     if (!why.empty()) GTEST_SKIP() << "no CUDA device: " << why;
-    absl::StatusOr<std::unique_ptr<SyntheticModel>> m = SyntheticModel::Create(Small(GetParam()));
+    absl::StatusOr<std::unique_ptr<SyntheticModel>> m = SyntheticModel::Create(Small(HeadDim()));
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = *std::move(m);
   }
 
   DecodeRun Decode(const DecoderOptions& o, uint32_t steps) {
     DecodeRun run;
-    const uint64_t pool_bytes = *GpuDecoder::RequiredPoolBytes(model_->config(), o);
-    std::unique_ptr<ShmRegion> shm;
-    std::unique_ptr<PinnedMapping> pool;
-    if (pool_bytes > 0) {
-      shm = *ShmRegion::Create(absl::StrCat("/kvtier-dec-", getpid(), "-", counter_++), pool_bytes);
-      pool = *PinnedMapping::Create(shm->data(), shm->size(), {});
-    }
-    absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*model_, o, pool.get());
+    absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*model_, o);
     EXPECT_TRUE(d.ok()) << d.status();
     if (!d.ok()) return run;
     for (uint32_t s = 0; s < steps; ++s) {
-      EXPECT_TRUE((*d)->Step().ok());
+      absl::Status step = (*d)->Step();
+      EXPECT_TRUE(step.ok()) << step;
       std::vector<float> logits;
       std::vector<int32_t> tokens;
       EXPECT_TRUE((*d)->ReadLogits(&logits).ok());
@@ -68,103 +63,111 @@ class GpuDecoderGpuTest : public ::testing::TestWithParam<uint32_t> {
       run.tokens.push_back(tokens);
       run.h2d.push_back((*d)->stats().last_step_h2d_bytes);
     }
-    EXPECT_TRUE((*d)->ReadMass(&run.mass).ok());
+    for (uint32_t b = 0; b < o.batch; ++b) {
+      absl::Span<const float> s = (*d)->sequence(b).scores().TokenScores(0);
+      run.scores.emplace_back(s.begin(), s.end());
+    }
     run.stats = (*d)->stats();
     return run;
   }
 
-  static DecoderOptions Options(KvMode mode, double evict) {
+  static uint32_t HeadDim() { return std::get<0>(GetParam()); }
+  static bool Bf16() { return std::get<1>(GetParam()); }
+
+  static DecoderOptions Options(KvMode mode, double evict, uint32_t retier_interval) {
     DecoderOptions o;
+    o.bf16_kv = Bf16();
     o.batch = 3;
     o.context_tokens = 700;
     o.max_new_tokens = 8;
     o.page_tokens = 16;
     o.mode = mode;
-    o.split.evict_ratio = evict;
-    o.split.prompt_tokens = 64;
-    o.split.window_tokens = 64;
+    o.tiering.evict_ratio = evict;
+    o.tiering.prompt_tokens = 64;
+    o.tiering.window_tokens = 64;
+    o.tiering.retier_interval = retier_interval;
     return o;
   }
 
+  // One layer's block (K and V) of one page.
+  static uint64_t BlockBytes() { return 2ull * 16 * 2 * HeadDim() * (Bf16() ? 2 : 4); }
+
   std::unique_ptr<SyntheticModel> model_;
-  int counter_ = 0;
 };
 
+// Re-tiering after step 0 only (64), and after every step (1: pages move between T0 and T1
+// while the scores change, and attention still reads the same bytes).
 TEST_P(GpuDecoderGpuTest, HierarchyWithoutEvictionIsBitIdenticalToFull) {
-  const DecodeRun full = Decode(Options(KvMode::kFull, 0), 4);
-  const DecodeRun tiered = Decode(Options(KvMode::kHierarchy, 0), 4);
-  ASSERT_EQ(full.logits.size(), 4u);
-  ASSERT_EQ(tiered.logits.size(), 4u);
-  EXPECT_GT(tiered.stats.t1_pages_per_seq, 10u);  // a real split, not all-T0
-  for (int s = 0; s < 4; ++s) {
-    ASSERT_EQ(
-        0, std::memcmp(full.logits[s].data(), tiered.logits[s].data(), full.logits[s].size() * 4))
-        << "step " << s;
-    EXPECT_EQ(full.tokens[s], tiered.tokens[s]);
-    for (float x : full.logits[s]) ASSERT_TRUE(std::isfinite(x));
-  }
-  ASSERT_EQ(0, std::memcmp(full.mass.data(), tiered.mass.data(), full.mass.size() * 4));
-  EXPECT_EQ(full.h2d[0], 0u);
-}
-
-TEST_P(GpuDecoderGpuTest, TwoSlotsRecopyTheT1BytesOfTheLayersThatShareASlot) {
-  const DecodeRun tiered = Decode(Options(KvMode::kHierarchy, 0.03), 3);
-  ASSERT_EQ(tiered.h2d.size(), 3u);
-  const uint64_t block = 2ull * 16 * 2 * GetParam() * 2;
-  const uint64_t per_layer = 3ull /*batch*/ * tiered.stats.t1_pages_per_seq * block;
-  // Three layers on two slots (slot = layer % 2): layers 0 and 2 share slot 0, so each step
-  // re-copies both; layer 1 keeps slot 1 to itself and its unchanged pages are not copied again
-  // (differential staging). The first step copies all three layers.
-  EXPECT_EQ(tiered.h2d[0], 3 * per_layer);
-  EXPECT_EQ(tiered.h2d[1], 2 * per_layer);
-  EXPECT_EQ(tiered.h2d[2], 2 * per_layer);
-  EXPECT_GT(tiered.stats.evicted_pages_per_seq, 0u);
-  // Evicted positions get no attention.
-  const uint32_t stride = 708;
-  uint32_t zero = 0;
-  for (uint32_t p = 0; p < 700; ++p) zero += tiered.mass[p] == 0.f;
-  EXPECT_GE(zero, tiered.stats.evicted_pages_per_seq * 16u);
-  for (uint32_t p = 0; p < stride; ++p) ASSERT_TRUE(std::isfinite(tiered.mass[p]));
-}
-
-TEST_P(GpuDecoderGpuTest, OneSlotPerLayerStagesOnce) {
-  DecoderOptions o = Options(KvMode::kHierarchy, 0);
-  o.staging_slots = 3;  // = layers: differential staging keeps every layer's pages
-  const DecodeRun tiered = Decode(o, 3);
-  const DecodeRun full = Decode(Options(KvMode::kFull, 0), 3);
-  EXPECT_GT(tiered.h2d[0], 0u);
-  EXPECT_EQ(tiered.h2d[1], 0u);
-  EXPECT_EQ(tiered.h2d[2], 0u);
-  ASSERT_EQ(0,
-            std::memcmp(full.logits[2].data(), tiered.logits[2].data(), full.logits[2].size() * 4));
-}
-
-// A page that fills during decoding is written back to the pool on the D2H stream: after
-// context 700 (page 43 holds 688..703), step 3 writes position 703 and completes page 43.
-TEST_P(GpuDecoderGpuTest, FilledPagesAreWrittenBackToThePool) {
-  const DecoderOptions o = Options(KvMode::kHierarchy, 0.03);
-  const uint64_t pool_bytes = *GpuDecoder::RequiredPoolBytes(model_->config(), o);
-  std::unique_ptr<ShmRegion> shm =
-      *ShmRegion::Create(absl::StrCat("/kvtier-dec-wb-", getpid()), pool_bytes);
-  std::unique_ptr<PinnedMapping> pool = *PinnedMapping::Create(shm->data(), shm->size(), {});
-  std::unique_ptr<GpuDecoder> d = *GpuDecoder::Create(*model_, o, pool.get());
-  for (int s = 0; s < 3; ++s) ASSERT_TRUE(d->Step().ok());
-  EXPECT_EQ(d->stats().write_back_d2h_bytes, 0u);
-  ASSERT_TRUE(d->Step().ok());
-  EXPECT_EQ(d->stats().write_back_d2h_bytes, 3ull * 3 * d->BlockBytes());
-  ASSERT_TRUE(d->Sync().ok());
-  for (uint32_t b = 0; b < 3; ++b) {
-    for (uint32_t l = 0; l < 3; ++l) {
-      std::vector<uint8_t> block;
-      ASSERT_TRUE(d->ReadT0Block(b, 43, l, &block).ok());
-      EXPECT_EQ(0,
-                std::memcmp(shm->data() + d->WriteBackOffset(l, b, 43), block.data(), block.size()))
-          << "sequence " << b << " layer " << l;
+  for (uint32_t retier : {64u, 1u}) {
+    SCOPED_TRACE(absl::StrCat("retier_interval ", retier));
+    const DecodeRun full = Decode(Options(KvMode::kFull, 0, retier), 4);
+    const DecodeRun tiered = Decode(Options(KvMode::kHierarchy, 0, retier), 4);
+    ASSERT_EQ(full.logits.size(), 4u);
+    ASSERT_EQ(tiered.logits.size(), 4u);
+    // A real split, read from T1: every page starts in T0, the first re-tiering (after step 0)
+    // offloads by plan, and later steps stage T1 pages for attention.
+    EXPECT_GT(tiered.stats.t1_pages, 3u * 10);
+    EXPECT_EQ(tiered.stats.evicted_pages, 0u);
+    EXPECT_GT(tiered.stats.offload_d2h_bytes, 0u);
+    EXPECT_EQ(tiered.h2d[0], 0u);
+    for (int s = 1; s < 4; ++s) EXPECT_GT(tiered.h2d[s], 0u) << "step " << s;
+    EXPECT_EQ(full.stats.t1_pages, 0u);
+    for (int s = 0; s < 4; ++s) {
+      EXPECT_EQ(full.h2d[s], 0u);
+      ASSERT_EQ(
+          0, std::memcmp(full.logits[s].data(), tiered.logits[s].data(), full.logits[s].size() * 4))
+          << "step " << s;
+      EXPECT_EQ(full.tokens[s], tiered.tokens[s]);
+      for (float x : full.logits[s]) ASSERT_TRUE(std::isfinite(x));
+    }
+    // The device-accumulated cumulative scores match bit for bit too, and are not all zero.
+    for (uint32_t b = 0; b < 3; ++b) {
+      ASSERT_EQ(full.scores[b].size(), tiered.scores[b].size());
+      ASSERT_FALSE(full.scores[b].empty());
+      EXPECT_EQ(
+          0, std::memcmp(full.scores[b].data(), tiered.scores[b].data(), full.scores[b].size() * 4))
+          << "sequence " << b;
+      double sum = 0;
+      for (float x : full.scores[b]) sum += x;
+      EXPECT_GT(sum, 0.0) << "sequence " << b;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, GpuDecoderGpuTest, ::testing::Values(64u, 128u));
+TEST_P(GpuDecoderGpuTest, TwoSlotsRecopyTheT1BytesOfTheLayersThatShareASlot) {
+  const DecodeRun tiered = Decode(Options(KvMode::kHierarchy, 0.03, 64), 4);
+  ASSERT_EQ(tiered.h2d.size(), 4u);
+  // The placement of steps 1..3 is the one re-tiering after step 0 made (the next is at 64).
+  const uint64_t per_layer = tiered.stats.t1_pages * BlockBytes();
+  ASSERT_GT(per_layer, 0u);
+  // Three layers on the backend's two slots (slot = layer % 2): layers 0 and 2 share slot 0,
+  // so each step re-copies both; layer 1 keeps slot 1 and its unchanged pages are not copied
+  // again (differential staging). Step 0 stages nothing (all T0); step 1 copies all 3 layers.
+  EXPECT_EQ(tiered.h2d[0], 0u);
+  EXPECT_EQ(tiered.h2d[1], 3 * per_layer);
+  EXPECT_EQ(tiered.h2d[2], 2 * per_layer);
+  EXPECT_EQ(tiered.h2d[3], 2 * per_layer);
+  EXPECT_GT(tiered.stats.evicted_pages, 0u);
+  for (const auto& logits : tiered.logits) {
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+// Pages leave T0 only by the policy's plans: one plan per sequence (after step 0), whose
+// offloads wrote exactly the T1 pages' bytes, and every page of the chain is in one tier.
+TEST_P(GpuDecoderGpuTest, PagesLeaveT0ByThePolicysPlans) {
+  const DecodeRun tiered = Decode(Options(KvMode::kHierarchy, 0.03, 64), 4);
+  const uint64_t page_bytes = 3 * BlockBytes();
+  EXPECT_EQ(tiered.stats.plans, 3u);
+  EXPECT_EQ(tiered.stats.offload_d2h_bytes, tiered.stats.t1_pages * page_bytes);
+  EXPECT_EQ(tiered.stats.promote_h2d_bytes, 0u);
+  EXPECT_EQ(tiered.stats.t0_pages + tiered.stats.t1_pages + tiered.stats.evicted_pages,
+            3u * ((700 + 4 + 15) / 16));
+  EXPECT_EQ(tiered.stats.t1_pool_bytes, tiered.stats.t1_pages * page_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDimsAndKvTypes, GpuDecoderGpuTest,
+                         ::testing::Combine(::testing::Values(64u, 128u), ::testing::Bool()));
 
 }  // namespace
 }  // namespace kvtier::worker::cuda

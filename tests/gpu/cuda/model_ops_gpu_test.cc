@@ -144,6 +144,67 @@ TEST(ModelOpsGpuTest, RopeAppendRotatesQueriesAndWritesKvIntoThePage) {
   }
 }
 
+// The rows mode (what the decoder hands the tiered store): the same rotation, f32 K and V rows
+// [batch][kv_heads][head_dim], and the same queries as the page-table mode.
+TEST(ModelOpsGpuTest, RopeAppendWritesF32RowsWhenGivenThem) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const uint32_t batch = 3, qh = 8, kvh = 2, hd = 64;
+  const uint32_t row = (qh + 2 * kvh) * hd;
+  const std::vector<float> qkv = Randn(batch * row, 5);
+  const std::vector<int32_t> pos = {0, 17, 700};
+  DeviceBuffer<int32_t> pd(pos);
+  DeviceBuffer<float> qd(qkv), qout(batch * qh * hd), k(batch * kvh * hd), v(batch * kvh * hd);
+  RopeAppendParams p;
+  p.qkv = qd.get();
+  p.positions = pd.get();
+  p.q_out = qout.get();
+  p.k_out = k.get();
+  p.batch = batch;
+  p.num_q_heads = qh;
+  p.num_kv_heads = kvh;
+  p.head_dim = hd;
+  p.rope_base = 10000.f;
+  EXPECT_EQ(RopeAppend(p, nullptr), cudaErrorInvalidValue);  // k_out without v_out
+  p.v_out = v.get();
+  ASSERT_CUDA_OK(RopeAppend(p, nullptr));
+  const std::vector<float> q = qout.Download(), hk = k.Download(), hv = v.Download();
+  for (uint32_t b = 0; b < batch; ++b) {
+    const float* src = qkv.data() + b * row;
+    for (uint32_t h = 0; h < qh + kvh; ++h) {
+      const float* got = h < qh ? &q[(b * qh + h) * hd] : &hk[(b * kvh + h - qh) * hd];
+      for (uint32_t j = 0; j < hd / 2; ++j) {
+        const double ang = pos[b] * std::pow(10000.0, -2.0 * j / hd);
+        const double a = src[h * hd + j] * std::cos(ang) - src[h * hd + j + hd / 2] * std::sin(ang);
+        const double c = src[h * hd + j + hd / 2] * std::cos(ang) + src[h * hd + j] * std::sin(ang);
+        EXPECT_NEAR(got[j], a, 1e-4 + 1e-4 * std::fabs(a)) << "b " << b << " head " << h;
+        EXPECT_NEAR(got[j + hd / 2], c, 1e-4 + 1e-4 * std::fabs(c)) << "b " << b << " head " << h;
+      }
+    }
+    for (uint32_t i = 0; i < kvh * hd; ++i) {  // V is copied, not rotated
+      ASSERT_EQ(hv[b * kvh * hd + i], src[(qh + kvh) * hd + i]) << "b " << b << " i " << i;
+    }
+  }
+}
+
+TEST(ModelOpsGpuTest, HashFillF32IsDeterministicBoundedAndRoundsToTheBf16Fill) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const uint64_t n = 1 << 16;
+  DeviceBuffer<float> a(n), b(n), c(n);
+  DeviceBuffer<uint16_t> h16(n);
+  ASSERT_CUDA_OK(FillHashF32(a.get(), n, 7, 0.5f, nullptr));
+  ASSERT_CUDA_OK(FillHashF32(b.get(), n, 7, 0.5f, nullptr));
+  ASSERT_CUDA_OK(FillHashF32(c.get(), n, 8, 0.5f, nullptr));
+  ASSERT_CUDA_OK(FillHashBf16(h16.get(), n, 7, 0.5f, nullptr));
+  const std::vector<float> ha = a.Download(), hb = b.Download(), hc = c.Download();
+  const std::vector<uint16_t> bf = h16.Download();
+  EXPECT_EQ(ha, hb);
+  EXPECT_NE(ha, hc);
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_LE(std::fabs(ha[i]), 0.5f);
+    ASSERT_EQ(F32ToBf16Bits(ha[i]), bf[i]) << i;  // the same draw, before rounding
+  }
+}
+
 TEST(ModelOpsGpuTest, HashFillIsDeterministicAndBounded) {
   KVTIER_SKIP_WITHOUT_GPU();
   const uint64_t n = 1 << 20;
@@ -168,6 +229,9 @@ TEST(ModelOpsGpuTest, AdvancePositionsKeepsLengthOnePastThePosition) {
   DeviceBuffer<int32_t> pos(std::vector<int32_t>{0, 9}), len(std::vector<int32_t>{1, 10});
   ASSERT_CUDA_OK(AdvancePositions(pos.get(), len.get(), 2, nullptr));
   EXPECT_EQ(pos.Download(), (std::vector<int32_t>{1, 10}));
+  EXPECT_EQ(len.Download(), (std::vector<int32_t>{2, 11}));
+  ASSERT_CUDA_OK(AdvancePositions(pos.get(), nullptr, 2, nullptr));  // lengths kept elsewhere
+  EXPECT_EQ(pos.Download(), (std::vector<int32_t>{2, 11}));
   EXPECT_EQ(len.Download(), (std::vector<int32_t>{2, 11}));
 }
 

@@ -3,9 +3,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
+#include <cstring>
+#include <random>
+
 #include "tests/gpu/cuda/gpu_test_util.h"
 #include "tests/unit/worker/store_backend_suite.h"
 #include "worker/cuda/cuda_kv_backend.h"
+#include "worker/kernels/cuda/dtype.h"
 #include "worker/runtime/worker_runtime.h"
 
 namespace kvtier::worker::testing {
@@ -72,6 +77,14 @@ class CudaHarness final : public StoreHarness {
     dout.CopyTo(out);
     return s;
   }
+  absl::Status AttendBatch(const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                           const std::vector<float>& q, std::vector<float>* out) override {
+    DeviceTensor dq(q), dout(q.size());
+    absl::Status s = TieredKvStore::AttendBatch(stores, layer, dq.get(), dout.get());
+    cudaDeviceSynchronize();
+    dout.CopyTo(out);
+    return s;
+  }
 
  private:
   std::unique_ptr<StoreBackends> backends_;
@@ -130,6 +143,74 @@ TEST(CudaSequenceTest, ScoresReachTheHostOncePerRetiering) {
   DeviceTensor q(RandomVector(rng, 576)), out(size_t{576});
   EXPECT_EQ((*seq)->Attend(0, q.get(), 1, out.get(), mass.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// bf16 pages on the CUDA backend: the engine's f32 rows are stored rounded to nearest even
+// (ReadPage widens them back exactly, in every full-precision tier), attention over any T0/T1
+// split is bit-identical, and a T2 round trip stays within the 8-bit error plus a bf16 ulp.
+TEST(CudaBf16StoreTest, RowsAreRoundedOnceAndEveryTierKeepsThem) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  CudaHarness harness;
+  ASSERT_EQ(harness.Unavailable(), "");
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.geometry.num_layers = 2;
+  o.geometry.element_bytes = 2;
+  o.num_q_heads = 9;
+  auto ref = harness.MakeStore(o), test = harness.MakeStore(o);
+  ASSERT_NE(ref, nullptr);
+  ASSERT_NE(test, nullptr);
+  EXPECT_EQ(test->SlotBytes(PoolKind::kDdr, 0), 2u * 16 * 3 * 64 * 2 * 2);
+  std::mt19937 rng(9);
+  const uint32_t n = 16 * 4 + 3;
+  std::vector<std::vector<float>> ks;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    auto k = RandomVector(rng, n * 192), v = RandomVector(rng, n * 192);
+    for (TieredKvStore* s : {ref.get(), test.get()}) {
+      ASSERT_TRUE(harness.Append(*s, layer, k, v, n).ok());
+    }
+    ks.push_back(k);
+  }
+  auto rounded = [](float x) {
+    return kernels::cuda::Bf16BitsToF32(kernels::cuda::F32ToBf16Bits(x));
+  };
+  auto check_page1 = [&](const char* where) {
+    std::vector<float> page(2 * 2 * 16 * 192);
+    ASSERT_TRUE(test->ReadPage(0, 1, page.data()).ok()) << where;
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      for (uint32_t i = 0; i < 16 * 192; ++i) {  // K rows of positions 16..31
+        ASSERT_EQ(page[layer * 2 * 16 * 192 + i], rounded(ks[layer][16 * 192 + i]))
+            << where << " layer " << layer << " i " << i;
+      }
+    }
+  };
+  check_page1("T0");
+  using tiering::Tier;
+  ASSERT_TRUE(test->ApplyPlanLocal({{0, 1, Tier::kT0, Tier::kT1}, {0, 2, Tier::kT0, Tier::kT1}},
+                                   harness.slots())
+                  .ok());
+  check_page1("T1");
+  for (int step = 0; step < 3; ++step) {
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      auto k = RandomVector(rng, 192), v = RandomVector(rng, 192);
+      ASSERT_TRUE(harness.Append(*ref, layer, k, v, 1).ok());
+      ASSERT_TRUE(harness.Append(*test, layer, k, v, 1).ok());
+      const auto q = RandomVector(rng, 576);
+      std::vector<float> a, b;
+      ASSERT_TRUE(harness.Attend(*ref, layer, q, 1, &a).ok());
+      ASSERT_TRUE(harness.Attend(*test, layer, q, 1, &b).ok());
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << step;
+    }
+  }
+  ASSERT_TRUE(test->ApplyPlanLocal({{0, 1, Tier::kT1, Tier::kT2}}, harness.slots()).ok());
+  ASSERT_TRUE(test->ApplyPlanLocal({{0, 1, Tier::kT2, Tier::kT0}}, harness.slots()).ok());
+  std::vector<float> page(2 * 2 * 16 * 192);
+  ASSERT_TRUE(test->ReadPage(0, 1, page.data()).ok());
+  for (uint32_t i = 0; i < 16 * 192; ++i) {
+    ASSERT_NEAR(page[i], ks[0][16 * 192 + i], 0.06f + std::fabs(ks[0][16 * 192 + i]) / 128) << i;
+  }
+  EXPECT_TRUE(test->IsLossy(0, 1));
+  EXPECT_FALSE(test->IsLossy(0, 2));
 }
 
 }  // namespace

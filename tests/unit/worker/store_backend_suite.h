@@ -36,6 +36,9 @@ class StoreHarness {
                               const std::vector<float>& v, uint32_t n) = 0;
   virtual absl::Status Attend(TieredKvStore& store, uint32_t layer, const std::vector<float>& q,
                               uint32_t n, std::vector<float>* out) = 0;
+  // TieredKvStore::AttendBatch over `stores` (one query each, q [stores][q_heads][head_dim]).
+  virtual absl::Status AttendBatch(const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                                   const std::vector<float>& q, std::vector<float>* out) = 0;
   SlotSource& slots() { return *rig_.slots; }
 
  protected:
@@ -171,6 +174,67 @@ TEST_P(StoreBackendSuite, PlansInEveryDirectionKeepThePagesBytes) {
       }
     }
     EXPECT_EQ(store->TierOf(0, 6), Tier::kT0);
+  }
+}
+
+// Several sequences of different lengths and placements attended in one batch (one kernel on a
+// device) give, bit for bit, what one Attend per store gives, and the same device scores.
+TEST_P(StoreBackendSuite, AttendBatchGivesWhatOneAttendPerStoreGives) {
+  using tiering::Tier;
+  std::vector<std::unique_ptr<TieredKvStore>> one, batch;
+  const std::vector<uint32_t> lengths = {16 * 3 + 1, 16 * 7 + 9, 5, 16 * 5};
+  for (uint32_t length : lengths) {
+    one.push_back(harness_->MakeStore(Options(1)));
+    batch.push_back(harness_->MakeStore(Options(1)));
+    ASSERT_NE(one.back(), nullptr);
+    ASSERT_NE(batch.back(), nullptr);
+    AppendAll({one.back().get(), batch.back().get()}, length);
+  }
+  // Store 1: pages in T1 and one evicted; store 3: every full page but the last in T1.
+  const std::vector<std::vector<tiering::Move>> plans = {
+      {},
+      {{0, 0, Tier::kT0, Tier::kT1}, {0, 2, Tier::kT0, Tier::kT1}, {0, 4, Tier::kT0, Tier::kT3}},
+      {},
+      {{0, 0, Tier::kT0, Tier::kT1}, {0, 1, Tier::kT0, Tier::kT1}, {0, 2, Tier::kT0, Tier::kT1}}};
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    ASSERT_TRUE(Apply(*one[i], plans[i]).ok());
+    ASSERT_TRUE(Apply(*batch[i], plans[i]).ok());
+  }
+  std::vector<TieredKvStore*> stores;
+  for (auto& s : batch) stores.push_back(s.get());
+  const size_t q_row = size_t{9} * one[0]->geometry().head_dim;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<TieredKvStore*> all;
+    for (size_t i = 0; i < lengths.size(); ++i)
+      all.insert(all.end(), {one[i].get(), batch[i].get()});
+    AppendAll(all, 1);
+    for (uint32_t layer = 0; layer < one[0]->geometry().num_layers; ++layer) {
+      const std::vector<float> q = RandomVector(rng_, lengths.size() * q_row);
+      std::vector<float> want;
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        std::vector<float> out;
+        ASSERT_TRUE(
+            harness_
+                ->Attend(*one[i], layer,
+                         std::vector<float>(q.begin() + i * q_row, q.begin() + (i + 1) * q_row), 1,
+                         &out)
+                .ok());
+        want.insert(want.end(), out.begin(), out.end());
+      }
+      std::vector<float> got;
+      absl::Status s = harness_->AttendBatch(stores, layer, q, &got);
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_EQ(got.size(), want.size());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+          << "step " << step << " layer " << layer;
+    }
+  }
+  if (!one[0]->backend().device_scores()) return;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    auto a = one[i]->TakeDeviceScores(), b = batch[i]->TakeDeviceScores();
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ((*a)[0].size(), (*b)[0].size());
+    EXPECT_EQ(0, std::memcmp((*a)[0].data(), (*b)[0].data(), (*a)[0].size() * 4)) << "store " << i;
   }
 }
 

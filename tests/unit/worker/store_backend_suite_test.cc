@@ -19,6 +19,11 @@ class HostHarness final : public StoreHarness {
     out->assign(q.size(), 0.f);
     return store.Attend(layer, q.data(), n, out->data(), nullptr);
   }
+  absl::Status AttendBatch(const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                           const std::vector<float>& q, std::vector<float>* out) override {
+    out->assign(q.size(), 0.f);
+    return TieredKvStore::AttendBatch(stores, layer, q.data(), out->data());
+  }
 };
 
 INSTANTIATE_TEST_SUITE_P(Host, StoreBackendSuite,

@@ -53,7 +53,7 @@ class RecordingBackend final : public KvBackend {
   absl::Status ClearBlock(uint8_t* block, uint64_t bytes) override {
     return host_.ClearBlock(block, bytes);
   }
-  absl::Status WriteRows(float* kd, float* vd, const float* k, const float* v, uint32_t rows,
+  absl::Status WriteRows(uint8_t* kd, uint8_t* vd, const float* k, const float* v, uint32_t rows,
                          uint64_t row_floats) override {
     return host_.WriteRows(kd, vd, k, v, rows, row_floats);
   }

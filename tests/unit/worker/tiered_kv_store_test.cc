@@ -374,6 +374,85 @@ TEST(TieredKvStoreTest, AttendRejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Host mass through AttendBatch: one pointer per store, the same bytes as one Attend each.
+TEST(TieredKvStoreTest, AttendBatchFillsEachStoresPositionMass) {
+  testing::Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.num_q_heads = 9;
+  std::mt19937 rng(8);
+  auto a = rig.MakeStore(o), b = rig.MakeStore(o);
+  testing::AppendRandom(rng, *a, 20);
+  testing::AppendRandom(rng, *b, 37);
+  const size_t q_row = 9 * 64;
+  const std::vector<float> q = RandomVector(rng, 2 * q_row);
+  std::vector<float> out(2 * q_row), mass_a(20), mass_b(37);
+  ASSERT_TRUE(TieredKvStore::AttendBatch({a.get(), b.get()}, 3, q.data(), out.data(),
+                                         {mass_a.data(), mass_b.data()})
+                  .ok());
+  std::vector<float> want_out(q_row), want_mass(37);
+  ASSERT_TRUE(b->Attend(3, q.data() + q_row, 1, want_out.data(), want_mass.data()).ok());
+  EXPECT_EQ(0, std::memcmp(out.data() + q_row, want_out.data(), q_row * 4));
+  EXPECT_EQ(0, std::memcmp(mass_b.data(), want_mass.data(), 37 * 4));
+  double sum = 0;
+  for (float x : mass_a) sum += x;
+  EXPECT_NEAR(sum, 9.0, 1e-4);  // one query's softmax over 9 heads
+}
+
+TEST(TieredKvStoreTest, AttendBatchRejectsBadArgumentsNamingTheStore) {
+  testing::Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.num_q_heads = 9;
+  std::mt19937 rng(6);
+  auto a = rig.MakeStore(o), b = rig.MakeStore(o), empty = rig.MakeStore(o);
+  testing::AppendRandom(rng, *a, 3);
+  testing::AppendRandom(rng, *b, 5);
+  TieredKvStoreOptions other = o;
+  other.num_q_heads = 3;
+  auto narrow = rig.MakeStore(other);
+  testing::AppendRandom(rng, *narrow, 3);
+  TieredKvStoreOptions paged = o;
+  paged.geometry = SmolLmGeometry(8);
+  auto small_pages = rig.MakeStore(paged);
+  testing::AppendRandom(rng, *small_pages, 3);
+  std::vector<float> q(3 * 9 * 64), out(q.size()), mass(8);
+  auto message = [&](const std::vector<TieredKvStore*>& stores, uint32_t layer,
+                     const std::vector<float*>& masses = {}) {
+    absl::Status s = TieredKvStore::AttendBatch(stores, layer, q.data(), out.data(), masses);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_THAT(message({}, 0), HasSubstr("stores must not be empty"));
+  EXPECT_THAT(message({a.get(), nullptr}, 0), HasSubstr("stores[1] is null"));
+  EXPECT_THAT(message({a.get(), b.get(), a.get()}, 0), HasSubstr("stores[2] is listed twice"));
+  EXPECT_THAT(message({a.get(), narrow.get()}, 0), HasSubstr("stores[1] has another geometry"));
+  EXPECT_THAT(message({a.get(), small_pages.get()}, 0),
+              HasSubstr("stores[1] has another geometry"));
+  EXPECT_THAT(message({a.get(), b.get()}, 30), HasSubstr("stores[0]: layer 30 out of range"));
+  EXPECT_THAT(message({b.get(), empty.get()}, 0), HasSubstr("stores[1]: n (1) must be in [1"));
+  EXPECT_THAT(message({a.get(), b.get()}, 0, {mass.data()}), HasSubstr("position_mass.size() (1)"));
+  // A refused batch attended nothing: the output is untouched.
+  std::fill(out.begin(), out.end(), 7.f);
+  message({a.get(), b.get()}, 30);
+  EXPECT_EQ(out[0], 7.f);
+  EXPECT_EQ(out[9 * 64], 7.f);
+}
+
+// bf16 pages are a device backend's option: the host backend, and a runtime on it, refuse them
+// naming the field and the value.
+TEST(TieredKvStoreTest, HostBackendRefusesBf16Pages) {
+  testing::Rig rig;
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.geometry.element_bytes = 2;
+  o.num_q_heads = 9;
+  absl::Status s = TieredKvStore::Create(o, rig.Memory()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("geometry.element_bytes must be 4 (f32) on this backend, got 2"));
+}
+
 TEST(TieredKvStoreTest, SlotSizesFollowGeometryAndCodec) {
   const auto g = SmolLmGeometry(16, 30);
   EXPECT_EQ(DdrSlotBytes(g, 0), 2u * 16 * 3 * 64 * 4);

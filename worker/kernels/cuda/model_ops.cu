@@ -33,6 +33,14 @@ __global__ void FillHashKernel(__nv_bfloat16* dst, uint64_t n, uint64_t seed, fl
   }
 }
 
+__global__ void FillHashF32Kernel(float* dst, uint64_t n, uint64_t seed, float scale) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t h = Mix(seed * 0x9E3779B97F4A7C15ull + i);
+    dst[i] = scale * (static_cast<float>(h >> 40) * (1.f / 8388608.f) - 1.f);
+  }
+}
+
 __global__ void FillConstKernel(__nv_bfloat16* dst, uint64_t n, float value) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
        i += uint64_t{gridDim.x} * blockDim.x) {
@@ -95,6 +103,12 @@ __global__ void RopeAppendKernel(RopeAppendParams p) {
     float* q = p.q_out + (uint64_t{b} * qh + h) * p.head_dim;
     q[j] = ra;
     q[j + half] = rc;
+  } else if (p.k_out != nullptr) {  // f32 rows for a cache that appends them itself
+    const bool key = h < qh + kvh;
+    float* row = (key ? p.k_out : p.v_out) +
+                 (uint64_t{b} * kvh + (key ? h - qh : h - qh - kvh)) * p.head_dim;
+    row[j] = key ? ra : a;
+    row[j + half] = key ? rc : c;
   } else if (h < qh + kvh) {
     __nv_bfloat16* k = TokenRow(p, b) + uint64_t(h - qh) * p.head_dim;
     k[j] = __float2bfloat16_rn(ra);
@@ -111,7 +125,7 @@ __global__ void AdvanceKernel(int32_t* positions, int32_t* lengths, uint32_t bat
   const uint32_t b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b < batch) {
     positions[b] += 1;
-    lengths[b] = positions[b] + 1;
+    if (lengths != nullptr) lengths[b] = positions[b] + 1;
   }
 }
 
@@ -176,6 +190,13 @@ cudaError_t FillHashBf16(uint16_t* dst, uint64_t n, uint64_t seed, float scale,
   return cudaGetLastError();
 }
 
+cudaError_t FillHashF32(float* dst, uint64_t n, uint64_t seed, float scale, cudaStream_t stream) {
+  if (dst == nullptr) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  FillHashF32Kernel<<<GridFor(n), kThreads, 0, stream>>>(dst, n, seed, scale);
+  return cudaGetLastError();
+}
+
 cudaError_t FillConstBf16(uint16_t* dst, uint64_t n, float value, cudaStream_t stream) {
   if (dst == nullptr) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
@@ -207,10 +228,12 @@ cudaError_t RmsNorm(const float* x, const uint16_t* weight, uint32_t rows, uint3
 }
 
 cudaError_t RopeAppend(const RopeAppendParams& p, cudaStream_t stream) {
-  if (p.qkv == nullptr || p.positions == nullptr || p.q_out == nullptr || p.pages == nullptr ||
-      p.page_indptr == nullptr || p.page_tokens == 0 || p.batch == 0 || p.batch > 65535 ||
-      p.num_kv_heads == 0 || p.head_dim == 0 || p.head_dim % 2 != 0 || p.head_dim > 2048 ||
-      !(p.rope_base > 0.f)) {
+  const bool rows = p.k_out != nullptr;
+  const bool table = p.pages != nullptr && p.page_indptr != nullptr && p.page_tokens != 0;
+  if (p.qkv == nullptr || p.positions == nullptr || p.q_out == nullptr ||
+      (p.k_out == nullptr) != (p.v_out == nullptr) || !(rows || table) || p.batch == 0 ||
+      p.batch > 65535 || p.num_kv_heads == 0 || p.head_dim == 0 || p.head_dim % 2 != 0 ||
+      p.head_dim > 2048 || !(p.rope_base > 0.f)) {
     return cudaErrorInvalidValue;
   }
   const dim3 grid(p.num_q_heads + 2 * p.num_kv_heads, p.batch);
@@ -244,7 +267,7 @@ cudaError_t CastF32ToBf16(const float* src, uint64_t n, uint16_t* dst, cudaStrea
 
 cudaError_t AdvancePositions(int32_t* positions, int32_t* lengths, uint32_t batch,
                              cudaStream_t stream) {
-  if (positions == nullptr || lengths == nullptr || batch == 0) return cudaErrorInvalidValue;
+  if (positions == nullptr || batch == 0) return cudaErrorInvalidValue;
   AdvanceKernel<<<(batch + kThreads - 1) / kThreads, kThreads, 0, stream>>>(positions, lengths,
                                                                             batch);
   return cudaGetLastError();

@@ -17,6 +17,8 @@ namespace kvtier::worker::kernels::cuda {
 // deterministic for (seed, i), independent of the launch shape.
 cudaError_t FillHashBf16(uint16_t* dst, uint64_t n, uint64_t seed, float scale,
                          cudaStream_t stream);
+// dst[i] = scale * u(seed, i) in f32, the same u as FillHashBf16 (not rounded to bf16).
+cudaError_t FillHashF32(float* dst, uint64_t n, uint64_t seed, float scale, cudaStream_t stream);
 // dst[i] = bf16(value).
 cudaError_t FillConstBf16(uint16_t* dst, uint64_t n, float value, cudaStream_t stream);
 
@@ -38,9 +40,15 @@ struct RopeAppendParams {
   // The layer's page table, as PagedDecodeParams has it: the token's K row goes to
   // pages[page_indptr[b] + pos / page_tokens] + (pos % page_tokens) rows ([num_kv_heads][head_dim]
   // bf16 each), its V row page_tokens rows further. That page must be in the table (not null).
+  // Not read when k_out is set.
   void* const* pages = nullptr;
   const int32_t* page_indptr = nullptr;
   uint32_t page_tokens = 0;
+  // Instead of the page table (both or neither): the rotated K row and the V row of sequence b
+  // go to k_out / v_out + b * num_kv_heads * head_dim, f32 ([batch][num_kv_heads][head_dim]),
+  // for a cache that appends rows itself (the tiered store).
+  float* k_out = nullptr;
+  float* v_out = nullptr;
   uint32_t batch = 0;
   uint32_t num_q_heads = 0;
   uint32_t num_kv_heads = 0;
@@ -49,7 +57,7 @@ struct RopeAppendParams {
 };
 
 // Rotates q and k by RoPE (rotate-half, as Qwen/Llama-HF), writes q_out, and appends K and V
-// (bf16) into the cache.
+// (bf16) into the cache, or writes them as f32 rows to k_out / v_out.
 cudaError_t RopeAppend(const RopeAppendParams& p, cudaStream_t stream);
 
 // out[b][i] = bf16(silu(gu[b][i]) * gu[b][ffn + i]); gu [batch][2 * ffn] f32.
@@ -62,7 +70,8 @@ cudaError_t AddInPlace(float* x, const float* y, uint64_t n, cudaStream_t stream
 // dst[i] = bf16(src[i]).
 cudaError_t CastF32ToBf16(const float* src, uint64_t n, uint16_t* dst, cudaStream_t stream);
 
-// positions[b] += 1; lengths[b] = positions[b] + 1 (the next step attends to its own token).
+// positions[b] += 1; lengths[b] = positions[b] + 1 (the next step attends to its own token)
+// unless lengths is null (a cache that keeps its own lengths).
 cudaError_t AdvancePositions(int32_t* positions, int32_t* lengths, uint32_t batch,
                              cudaStream_t stream);
 

@@ -3,7 +3,9 @@
 
 #include "worker/runtime/tiered_sequence.h"
 
+#include <cstring>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "tests/support/synthetic_engine.h"
@@ -128,6 +130,88 @@ TEST(TieredSequenceTest, RejectsWorkerOnlyPoliciesAndBadBudgets) {
   auto bad = runtime->Open(Options("hierarchy", 1.5, 0, 0, 8));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("hbm_ratio"), std::string::npos) << bad.status();
+}
+
+// Sequences decoded in one AttendBatch per layer score, re-tier and attend exactly as the same
+// sequences decoded one Attend at a time (here with eviction, so placements diverge from full).
+TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
+  auto runtime = LocalRuntime(4);
+  const AttentionShape a = Shape();
+  const size_t kv_row = size_t{a.num_kv_heads} * a.head_dim,
+               q_row = size_t{a.num_q_heads} * a.head_dim;
+  std::vector<std::unique_ptr<TieredSequence>> one, batch;
+  const std::vector<uint32_t> prompts = {20, 45, 7};
+  for (uint32_t prompt : prompts) {
+    for (auto* set : {&one, &batch}) {
+      auto seq = runtime->Open(Options("hierarchy", 0.4, 0.2, 0, prompt));
+      ASSERT_TRUE(seq.ok()) << seq.status();
+      set->push_back(*std::move(seq));
+    }
+  }
+  std::vector<TieredSequence*> batched;
+  for (auto& s : batch) batched.push_back(s.get());
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal;
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  // Prefill one sequence at a time (AttendBatch is for decode steps).
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (uint32_t layer = 0; layer < a.num_layers; ++layer) {
+      const uint32_t n = prompts[i];
+      const auto k = random(n * kv_row), v = random(n * kv_row), q = random(n * q_row);
+      std::vector<float> out(n * q_row);
+      for (TieredSequence* seq : {one[i].get(), batch[i].get()}) {
+        ASSERT_TRUE(seq->Append(layer, k.data(), v.data(), n).ok());
+        ASSERT_TRUE(seq->Attend(layer, q.data(), n, out.data(), nullptr).ok());
+      }
+    }
+  }
+  for (int step = 0; step < 120; ++step) {
+    for (uint32_t layer = 0; layer < a.num_layers; ++layer) {
+      const auto k = random(prompts.size() * kv_row), v = random(prompts.size() * kv_row);
+      const auto q = random(prompts.size() * q_row);
+      std::vector<float> want(q.size()), got(q.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        for (TieredSequence* seq : {one[i].get(), batch[i].get()}) {
+          ASSERT_TRUE(seq->Append(layer, k.data() + i * kv_row, v.data() + i * kv_row, 1).ok());
+        }
+        ASSERT_TRUE(
+            one[i]->Attend(layer, q.data() + i * q_row, 1, want.data() + i * q_row, nullptr).ok());
+      }
+      absl::Status s = TieredSequence::AttendBatch(batched, layer, q.data(), got.data());
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+          << "step " << step << " layer " << layer;
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(one[i]->store().placement(), batch[i]->store().placement()) << "sequence " << i;
+    const SequenceReport ra = one[i]->Report(), rb = batch[i]->Report();
+    EXPECT_EQ(ra.plans, rb.plans);
+    EXPECT_GT(rb.plans, 5u);
+    EXPECT_GT(rb.tokens[static_cast<int>(Tier::kT3)], 0u) << "no eviction: the test proves less";
+    EXPECT_GT(rb.offload_bytes, 0u);
+  }
+  // Bad input names the sequence and attends nothing.
+  const std::vector<float> q(2 * q_row);
+  std::vector<float> out(q.size());
+  absl::Status s = TieredSequence::AttendBatch({batched[0], batched[0]}, 0, q.data(), out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("sequences[1] is listed twice"), std::string::npos) << s;
+  s = TieredSequence::AttendBatch({batched[0], nullptr}, 0, q.data(), out.data());
+  EXPECT_NE(std::string(s.message()).find("sequences[1] is null"), std::string::npos) << s;
+}
+
+TEST(TieredSequenceTest, HostRuntimeRefusesBf16KvNamingTheField) {
+  auto r = WorkerRuntime::Create({.attention = Shape(), .kv_element_bytes = 2});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message())
+                .find("kv_element_bytes must be 4 (f32), or 2 (bf16) on the CUDA backend, got 2"),
+            std::string::npos)
+      << r.status();
 }
 
 }  // namespace
