@@ -359,7 +359,8 @@ absl::Status TieredKvStore::AttendBatch(const std::vector<TieredKvStore*>& store
     const layout::KvGeometry& b = s->geometry_;
     if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||
         a.head_dim != b.head_dim || a.page_tokens != b.page_tokens ||
-        a.layer_groups != b.layer_groups || stores[0]->num_q_heads_ != s->num_q_heads_) {
+        a.layer_groups != b.layer_groups || a.element_bytes != b.element_bytes ||
+        stores[0]->num_q_heads_ != s->num_q_heads_) {
       return absl::InvalidArgumentError(absl::StrCat(at(), " has another geometry than stores[0]"));
     }
     const KvBackend& ba = *stores[0]->backend_;
