@@ -34,8 +34,9 @@ absl::StatusOr<std::unique_ptr<VmmRange>> VmmRange::Reserve(const Driver* driver
     return absl::InvalidArgumentError(
         absl::StrCat("VMM range of ", bytes, " bytes must be a positive multiple of ", alignment));
   }
+  // The access list names a host-NUMA location, which a driver before 12.2 cannot map.
+  if (absl::Status s = driver->CheckHostNumaVmm(); !s.ok()) return s;
   const int devices = driver->DeviceCount();
-  if (devices < 1) return absl::FailedPreconditionError("the CUDA driver sees no device");
   std::vector<MemAccessDesc> access;
   for (int ordinal = 0; ordinal < devices; ++ordinal) {
     Device dev = 0;

@@ -29,7 +29,8 @@ class VmmRange {
  public:
   // Reserves `bytes` (a multiple of `alignment`, the extents' size) of device-and-host virtual
   // address space; every visible device, and the host NUMA node `numa_node`, get access to what
-  // is mapped.
+  // is mapped. A driver without host-NUMA VMM (before 12.2, or a device without it) is refused
+  // here, before anything is reserved.
   static absl::StatusOr<std::unique_ptr<VmmRange>> Reserve(const Driver* driver, uint64_t bytes,
                                                            uint64_t alignment, int numa_node);
   ~VmmRange();

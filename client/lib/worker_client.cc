@@ -219,7 +219,7 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   absl::StatusOr<v1::TierPlan> SubmitSnapshot(v1::SubmitSnapshotRequest snapshot) override {
-    Sign(&snapshot);
+    const uint64_t signed_as = Sign(&snapshot);
     const uint64_t entries = static_cast<uint64_t>(snapshot.page_scores_size());
     {
       absl::MutexLock lock(&mu_);
@@ -236,7 +236,7 @@ class WorkerClientImpl final : public WorkerClient {
     if (!mapped.ok()) {
       (void)AckPlan(plan.sequence_id(), plan.plan_version(), false,
                     absl::StrCat("cannot map the plan's extents: ", mapped.message()));
-      return FallBackIfVmmFailed(mapped);
+      return FallBackIfVmmFailed(mapped, signed_as);
     }
     return plan;
   }
@@ -281,9 +281,9 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   absl::Status HeartbeatOnce() override {
-    if (!connected() && generation() == 0) return Register();
     v1::HeartbeatRequest request;
-    Sign(&request);
+    const uint64_t signed_as = Sign(&request);
+    if (!connected() && signed_as == 0) return RegisterAgain(0);
     request.set_step_seconds(step_seconds_.load());
     {
       absl::MutexLock lock(&mu_);
@@ -301,23 +301,36 @@ class WorkerClientImpl final : public WorkerClient {
     }
     // Lost only when the daemon says so; a daemon that does not answer keeps the session (it
     // resumes once the daemon answers, as long as the lease lives).
-    if (SessionLost(s)) return Register();
+    if (SessionLost(s)) return RegisterAgain(signed_as);
     if (s.code() == absl::StatusCode::kUnavailable) NewChannel();
     return s;
   }
 
  private:
+  // Returns the generation of the session the request speaks for.
   template <typename Request>
-  void Sign(Request* request) const {
+  uint64_t Sign(Request* request) const {
     absl::MutexLock lock(&mu_);
     request->set_worker_id(worker_id_);
     request->set_session_secret(secret_);
+    return generation_;
+  }
+
+  // Registers again after the session of generation `lost` ended. The threads that find it gone
+  // at once (heartbeats, a plan that fell back) open one new session between them: two would
+  // leave one unclosed, its memory held until its lease ran out.
+  absl::Status RegisterAgain(uint64_t lost) {
+    absl::MutexLock lock(&register_mu_);
+    if (generation() != lost) return absl::OkStatus();
+    return Register();
   }
 
   // A CUDA VMM extent that cannot be imported or mapped here: the session ends and the worker
   // registers again with memfd pools (a new generation: its sequences are re-opened as after a
   // daemon restart). Pages already in the old pools stay mapped for as long as they are held.
-  absl::Status FallBackIfVmmFailed(const absl::Status& mapped) {
+  absl::Status FallBackIfVmmFailed(const absl::Status& mapped, uint64_t signed_as) {
+    absl::MutexLock register_lock(&register_mu_);
+    if (generation() != signed_as) return mapped;  // another thread registered again already
     std::string failure;
     {
       absl::MutexLock lock(&mu_);
@@ -397,6 +410,7 @@ class WorkerClientImpl final : public WorkerClient {
 
   const ClientOptions options_;
   const std::string channel_path_;
+  absl::Mutex register_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one re-registration at a time
   mutable absl::Mutex mu_;
   std::shared_ptr<v1::KvTier::Stub> stub_ ABSL_GUARDED_BY(mu_);
   uint64_t worker_id_ ABSL_GUARDED_BY(mu_) = 0;

@@ -181,23 +181,42 @@ TEST(CudaVmmFallbackTest, AutoWithADriverServesCudaVmmPoolsThatAWorkerMapsForThe
       0u);
 }
 
-// (b) A worker whose driver cannot reserve the pools' ranges at registration registers again
-// with memfd pools, says why (the step and the driver's error) and tiers as usual.
-TEST(CudaVmmFallbackTest, AWorkerThatCannotReserveAtRegistrationFallsBackToMemfd) {
+// (b) A worker whose own driver refuses the pools at registration registers again with memfd
+// pools, says why (the step or the check, and the driver's error) and tiers as usual: its driver
+// cannot reserve the pools' ranges, or it is older than 12.2 while the daemon's is recent (another
+// library, an older one in the worker's container).
+struct RegistrationFallback {
+  std::string fake_spec;
+  std::string reason_prefix;
+  std::string reason_part;
+};
+
+class RegistrationFallbackTest : public ::testing::TestWithParam<RegistrationFallback> {};
+
+TEST_P(RegistrationFallbackTest, AWorkerWhoseDriverRefusesThePoolsFallsBackToMemfd) {
+  const RegistrationFallback& c = GetParam();
   Daemon d = StartDaemon("cuda_vmm", kFineGranularity);
   ASSERT_NE(d.process, nullptr);
-  RunResult r = RunWorkerProcess(*d.process, "cuMemAddressReserve", {"--steps=6"});
+  RunResult r = RunWorkerProcess(*d.process, c.fake_spec, {"--steps=6"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("registered ddr_device_mapped=0 compressed_device_mapped=0"),
             std::string::npos)
       << r.output;
   const std::string reason = Value(r.output, "fallback_reason");
-  EXPECT_EQ(reason.rfind("DDR pool is CUDA VMM memory: cuMemAddressReserve(", 0), 0u) << r.output;
-  EXPECT_NE(reason.find("injected failure (CUresult 999)"), std::string::npos) << reason;
+  EXPECT_EQ(reason.rfind("DDR pool is CUDA VMM memory: " + c.reason_prefix, 0), 0u) << r.output;
+  EXPECT_NE(reason.find(c.reason_part), std::string::npos) << reason;
   EXPECT_EQ(Value(r.output, "steps_ok"), "6") << r.output;
   EXPECT_EQ(Value(r.output, "fallback_step"), "0") << r.output;
   EXPECT_EQ(Value(r.output, "fake_live"), "0,0,0") << r.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    ReserveOrVersion, RegistrationFallbackTest,
+    ::testing::Values(RegistrationFallback{"cuMemAddressReserve", "cuMemAddressReserve(",
+                                           "injected failure (CUresult 999)"},
+                      RegistrationFallback{"version=12010",
+                                           "CUDA driver 12.1 (12010) is older than 12.2 (12020)",
+                                           ", the first with host-NUMA VMM allocations"}));
 
 // (b) A worker whose GPU cannot import any of the daemon's handles: the first plan that grants
 // an extent fails naming the import, the worker registers again with memfd pools and goes on.
@@ -219,6 +238,27 @@ TEST(CudaVmmFallbackTest, AWorkerThatCannotImportFallsBackAtItsFirstExtent) {
   EXPECT_EQ(Value(r.output, "ddr_device_mapped"), "0");
   EXPECT_EQ(Value(r.output, "steps_ok"), "5") << r.output;  // all but the one that fell back
   EXPECT_EQ(Value(r.output, "fake_live"), "0,0,0") << r.output;
+}
+
+// (b') Heartbeats racing the fallback: they find the old session closed while the plan that
+// failed registers again, and the threads open one new session between them, not one each (an
+// extra one would outlive the worker until its lease ran out).
+TEST(CudaVmmFallbackTest, HeartbeatsRacingAFallbackOpenOneNewSessionBetweenThem) {
+  Daemon d = StartDaemon("cuda_vmm", kFineGranularity);
+  ASSERT_NE(d.process, nullptr);
+  for (int run = 0; run < 3; ++run) {
+    RunResult r = RunWorkerProcess(*d.process, "cuMemImportFromShareableHandle",
+                                   {"--steps=6", "--heartbeat_threads=3"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("registered again with memfd pools"), std::string::npos) << r.output;
+    EXPECT_EQ(Value(r.output, "steps_ok"), "5") << r.output;
+  }
+  auto observer = LocalWorker(*d.process, 11);
+  ASSERT_NE(observer, nullptr);
+  auto status = observer->client().GetStatus(true, false);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->workers(), 1u);  // the observer alone: every worker closed its one session
+  for (const v1::PoolStatus& p : status->pools()) EXPECT_EQ(p.used_bytes(), 0u) << p.kind();
 }
 
 // (c) Plan time: the worker imported and used its first extent; a later plan grows the DDR pool

@@ -9,8 +9,10 @@
 #include <limits>
 
 // Run-time dispatch for the hot loops: GCC/Clang build an AVX2+FMA clone and a portable one and
-// pick at load time (ifunc). The bodies are plain loops written to auto-vectorize.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// pick at load time (ifunc). The bodies are plain loops written to auto-vectorize. Not under
+// ThreadSanitizer: GCC instruments the ifunc resolver, which the loader runs before the
+// sanitizer's runtime is up, and the process dies before main.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define KVTIER_CODEC_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define KVTIER_CODEC_CLONES

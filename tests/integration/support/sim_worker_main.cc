@@ -5,7 +5,10 @@
 // tiering goes on in a fresh sequence.
 //
 //   kvtier-sim-worker --address=unix:PATH [--cuda_library=LIB] [--steps=N] [--tokens=T]
-//                     [--gamma=G] [--seed=S]
+//                     [--gamma=G] [--seed=S] [--heartbeat_threads=N]
+//
+// --heartbeat_threads: N threads send heartbeats back to back while the worker tiers, so a
+// fallback races them.
 //
 // Lines: "registered ddr_device_mapped=0|1 compressed_device_mapped=0|1", "step K error=...",
 // then steps_ok, fallback_step (0 = none), vmm_extents_before_fallback, ddr_device_mapped,
@@ -16,8 +19,11 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -34,6 +40,7 @@ struct Flags {
   SimWorkerOptions worker;
   int steps = 8;
   uint64_t tokens = 256;
+  int heartbeat_threads = 0;
 };
 
 bool Parse(int argc, char** argv, Flags* f) {
@@ -51,6 +58,8 @@ bool Parse(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(a, &f->tokens);
     } else if (absl::ConsumePrefix(&a, "--gamma=")) {
       ok = absl::SimpleAtod(a, &gamma);
+    } else if (absl::ConsumePrefix(&a, "--heartbeat_threads=")) {
+      ok = absl::SimpleAtoi(a, &f->heartbeat_threads) && f->heartbeat_threads >= 0;
     } else if (absl::ConsumePrefix(&a, "--seed=")) {
       ok = absl::SimpleAtoi(a, &f->worker.seed);
     } else {
@@ -86,6 +95,26 @@ uint32_t VmmExtents(WorkerClient& client) {
   return n;
 }
 
+// Threads sending heartbeats back to back until destroyed.
+class Heartbeats {
+ public:
+  Heartbeats(WorkerClient& client, int threads) {
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this, &client] {
+        while (!stop_.load()) (void)client.HeartbeatOnce();
+      });
+    }
+  }
+  ~Heartbeats() {
+    stop_.store(true);
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
 int Run(const Flags& f) {
   // Held open across the worker's life, so the counts after close are the same instance's.
   void* keep = dlopen(f.worker.cuda_library.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -98,6 +127,7 @@ int Run(const Flags& f) {
   std::printf("registered ddr_device_mapped=%d compressed_device_mapped=%d\n",
               client.pool(v1::POOL_KIND_DDR)->device_mapped(),
               client.pool(v1::POOL_KIND_COMPRESSED)->device_mapped());
+  std::optional<Heartbeats> heartbeats(std::in_place, client, f.heartbeat_threads);
   absl::StatusOr<int> seq = (*w)->Open();
   int steps_ok = 0, fallback_step = 0;
   uint32_t vmm_before = 0;
@@ -119,6 +149,7 @@ int Run(const Flags& f) {
     (*w)->Forget(*seq);  // the old session and its sequence are gone
     seq = (*w)->Open();
   }
+  heartbeats.reset();
   if (!seq.ok()) {
     std::printf("open error=%s\n", std::string(seq.status().message()).c_str());
     return 4;

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -71,16 +72,12 @@ TEST(CudaVmmTest, ADaemonAllocationCrossesTheChannelAndMapsForDevicesAndHost) {
   fake.calls.clear();
   std::unique_ptr<VmmRange> range;
   ASSERT_TRUE(Chain(*driver, 0x5A, &range).ok());
-  const std::vector<std::string> expected = {"cuMemCreate",
-                                             "cuMemExportToShareableHandle",
-                                             "cuMemRelease",
-                                             "cuDeviceGetCount",
-                                             "cuDeviceGet",
-                                             "cuMemAddressReserve",
-                                             "cuMemImportFromShareableHandle",
-                                             "cuMemMap",
-                                             "cuMemRelease",
-                                             "cuMemSetAccess"};
+  const std::vector<std::string> expected = {
+      "cuMemCreate", "cuMemExportToShareableHandle", "cuMemRelease",
+      // the worker's own driver checked first
+      "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute", "cuDeviceGetAttribute",
+      "cuDeviceGetCount", "cuDeviceGet", "cuMemAddressReserve", "cuMemImportFromShareableHandle",
+      "cuMemMap", "cuMemRelease", "cuMemSetAccess"};
   EXPECT_EQ(fake.calls, expected);
   EXPECT_EQ(range->base()[kExtent], 0x5A);
   EXPECT_EQ(range->base()[2 * kExtent - 1], 0x5A);
@@ -141,6 +138,22 @@ TEST(CudaVmmTest, AHostThatCannotPinIsResourceExhausted) {
   absl::StatusOr<UniqueFd> fd = CreateExportedHostAllocation(*driver, kExtent, 1);
   EXPECT_EQ(fd.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(fd.status().message().find("host NUMA node 1"), std::string::npos) << fd.status();
+}
+
+// A worker's own driver decides whether it can map a host-NUMA pool, whatever the daemon's said.
+TEST(CudaVmmTest, ADriverWithoutHostNumaVmmReservesNothing) {
+  for (const char* spec : {"version=12010", "host_numa_vmm=0", "devices=0"}) {
+    FakeCudaDriver fake;
+    ASSERT_TRUE(fake.Configure(spec).ok()) << spec;
+    std::shared_ptr<const Driver> driver = fake.Load();
+    ASSERT_NE(driver, nullptr);
+    fake.calls.clear();
+    auto range = VmmRange::Reserve(driver.get(), kExtent, kExtent, 0);
+    EXPECT_EQ(range.status().code(), absl::StatusCode::kFailedPrecondition) << spec;
+    EXPECT_EQ(range.status().message(), driver->CheckHostNumaVmm().message()) << spec;
+    EXPECT_EQ(std::count(fake.calls.begin(), fake.calls.end(), "cuMemAddressReserve"), 0) << spec;
+    EXPECT_EQ(fake.live_reservations(), 0) << spec;
+  }
 }
 
 TEST(CudaVmmTest, MappingOutsideTheRangeIsRefusedBeforeTheDriverIsAsked) {
