@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -83,8 +85,8 @@ Outcome Decode(const std::vector<std::string>& f) {
 }
 
 // The worker: a full-cache sequence (local) and a tiered one (through the daemon), fed the same
-// synthetic model; compares every step.
-Outcome RunWorker(const std::string& address, uint64_t seed) {
+// synthetic model; compares every step. `ready` runs once both are open (the session registered).
+Outcome RunWorker(const std::string& address, uint64_t seed, const std::function<void()>& ready) {
   Outcome out;
   auto local =
       WorkerRuntime::Create({.attention = Shape(), .page_tokens = 4, .arena_bytes = 1 << 28});
@@ -102,6 +104,7 @@ Outcome RunWorker(const std::string& address, uint64_t seed) {
   }
   out.id_before = (*remote)->client()->worker_id();
   out.generation_before = (*remote)->client()->generation();
+  ready();
   SyntheticEngine engine(Shape(), seed);
   std::vector<float> a, b;
   out.identical =
@@ -141,20 +144,41 @@ Outcome RunWorker(const std::string& address, uint64_t seed) {
 struct Worker {
   pid_t pid = -1;
   int report = -1;
+  int ready = -1;  // one byte once registered; end of file if it never got that far
 };
 
 Worker Fork(const std::string& address, uint64_t seed) {
-  int fds[2];
+  int fds[2], ready[2];
   if (pipe(fds) != 0) return {};
+  if (pipe(ready) != 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return {};
+  }
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    const std::string line = Encode(RunWorker(address, seed)) + "\n";
+    close(ready[0]);
+    const Outcome o = RunWorker(address, seed, [&] {
+      (void)!write(ready[1], "r", 1);
+      close(ready[1]);
+    });
+    const std::string line = Encode(o) + "\n";
     (void)!write(fds[1], line.data(), line.size());
     _exit(0);
   }
   close(fds[1]);
-  return {pid, fds[0]};
+  close(ready[1]);
+  return {pid, fds[0], ready[0]};
+}
+
+// Blocks until the worker registered (or died trying).
+void AwaitReady(Worker& w) {
+  char byte;
+  while (read(w.ready, &byte, 1) < 0 && errno == EINTR) {
+  }
+  close(w.ready);
+  w.ready = -1;
 }
 
 Outcome Join(const Worker& w) {
@@ -174,9 +198,12 @@ Outcome Join(const Worker& w) {
   return Decode(absl::StrSplit(line, ' '));
 }
 
+// Three workers; `meanwhile` runs once all have registered, so a stall it makes finds sessions to
+// keep however slowly the workers started (ThreadSanitizer, a loaded host).
 std::vector<Outcome> RunThree(const std::string& address, const std::function<void()>& meanwhile) {
   std::vector<Worker> workers;
   for (uint64_t seed : {11, 12, 13}) workers.push_back(Fork(address, seed));
+  for (Worker& w : workers) AwaitReady(w);
   meanwhile();
   std::vector<Outcome> outcomes;
   for (const Worker& w : workers) outcomes.push_back(Join(w));
@@ -231,6 +258,8 @@ TEST(SessionResumeTest, AWorkerStoppedPastItsLeaseLosesNothingAndStaysIdentical)
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   Worker sleeper = Fork((*daemon)->address(), 21);
   Worker busy = Fork((*daemon)->address(), 22);  // offloads all along, into fresh extents
+  AwaitReady(sleeper);
+  AwaitReady(busy);
   absl::SleepFor(absl::Milliseconds(800));
   kill(sleeper.pid, SIGSTOP);
   EXPECT_TRUE((*daemon)->WaitForLog("lease expired: reaped 1 worker", absl::Seconds(5)))
