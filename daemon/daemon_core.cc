@@ -733,6 +733,17 @@ int DaemonCoreImpl::ReapExpired() {
   return static_cast<int>(expired.size());
 }
 
+std::optional<absl::Duration> DaemonCoreImpl::SinceLastCall(pid_t pid) {
+  absl::MutexLock lock(&mu_);
+  std::optional<absl::Duration> since;
+  const absl::Duration now = clock_->Now();
+  for (const auto& [id, w] : workers_) {
+    if (w.peer.pid != pid || ExpiredLocked(w)) continue;
+    since = std::min(since.value_or(absl::InfiniteDuration()), now - w.last_seen);
+  }
+  return since;
+}
+
 void DaemonCoreImpl::PrepareSpareExtents() {
   constexpr size_t kSpares = 2;
   for (const auto& pool : pools_) {

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,12 @@ class DaemonCore {
   // Expires leases older than the TTL (by the injected clock) and returns every slot of those
   // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.
   virtual int ReapExpired() = 0;
+
+  // How long since the last authenticated call of the live sessions whose channel hello came
+  // from process `pid`; nullopt when it holds none. The unread guard asks it before dropping a
+  // connection: a worker that has called nothing since its bytes went unread is paused, not
+  // stuck.
+  virtual std::optional<absl::Duration> SinceLastCall(pid_t pid) = 0;
 
   // Makes spare extents for each pool (up to two, within the budget, for budgets of 8 extents
   // or more) outside the core's lock, so

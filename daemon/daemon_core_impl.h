@@ -169,6 +169,7 @@ class DaemonCoreImpl final : public DaemonCore {
                                                 const v1::FetchExtents& request,
                                                 std::vector<edge::UniqueFd>* fds) override;
   int ReapExpired() override;
+  std::optional<absl::Duration> SinceLastCall(pid_t pid) override;
   void PrepareSpareExtents() override;
   absl::Status Reload(const CoreOptions& options) override;
 

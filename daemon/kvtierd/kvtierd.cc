@@ -298,6 +298,7 @@ int Serve(const Flags& flags, DaemonConfig config) {
     unread_guard = std::make_unique<UnreadGuard>(
         config.server.socket_path, config.server.unread_timeout,
         std::min(absl::Milliseconds(100), config.server.unread_timeout / 4),
+        [c = core->get()](pid_t pid) { return c->SinceLastCall(pid); },
         [&log](const std::string& m) { log.Warning(m); });
   }
   auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);

@@ -38,20 +38,47 @@ bool AcceptedOn(int fd, const std::string& path) {
   return std::strncmp(addr.sun_path, path.c_str(), sizeof(addr.sun_path)) == 0;
 }
 
+// A duplicate of `fd` if it is still the socket `inode` (gRPC owns the descriptor and may have
+// closed it, and the number been reused, since the sample), else -1.
+int DupIfSame(int fd, uint64_t inode) {
+  const int dup_fd = dup(fd);
+  struct stat st;
+  if (dup_fd >= 0 && (fstat(dup_fd, &st) != 0 || st.st_ino != inode)) {
+    close(dup_fd);
+    return -1;
+  }
+  return dup_fd;
+}
+
+ucred PeerOf(int fd) {
+  ucred peer{};
+  socklen_t n = sizeof(peer);
+  getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &n);
+  return peer;
+}
+
 }  // namespace
 
 std::vector<uint64_t> UnreadTracker::Update(
-    absl::Time now, const std::vector<std::pair<uint64_t, uint64_t>>& samples) {
+    absl::Time now, const std::vector<std::pair<uint64_t, uint64_t>>& samples, const Quiet& quiet) {
   std::map<uint64_t, Seen> next;
   std::vector<uint64_t> drop;
   for (const auto& [key, unread] : samples) {
     auto it = seen_.find(key);
     Seen s = it == seen_.end() ? Seen{unread, now} : it->second;
-    if (unread == 0 || unread < s.unread) s.progress = now;
+    if (unread == 0 || unread < s.unread) {
+      s.progress = now;
+      s.stuck_since = absl::InfiniteFuture();
+    } else if (s.stuck_since == absl::InfiniteFuture()) {
+      s.stuck_since = now;
+    }
     s.unread = unread;
     if (now - s.progress >= timeout_) {
-      drop.push_back(key);
-      continue;  // forgotten: seen again, it starts over
+      if (!quiet || !quiet(key, now - s.stuck_since)) {
+        drop.push_back(key);
+        continue;  // forgotten: seen again, it starts over
+      }
+      s.progress = s.stuck_since = now;  // paused, not stuck: a fresh clock from here
     }
     next[key] = s;
   }
@@ -60,9 +87,10 @@ std::vector<uint64_t> UnreadTracker::Update(
 }
 
 UnreadGuard::UnreadGuard(std::string socket_path, absl::Duration timeout, absl::Duration period,
-                         std::function<void(const std::string&)> log)
+                         SinceLastCall since_last_call, std::function<void(const std::string&)> log)
     : socket_path_(std::move(socket_path)),
       period_(period),
+      since_last_call_(std::move(since_last_call)),
       log_(std::move(log)),
       tracker_(timeout),
       thread_([this] { Loop(); }) {}
@@ -91,25 +119,28 @@ void UnreadGuard::Sweep() {
     fd_of[st.st_ino] = fd;
   }
   closedir(dir);
-  for (uint64_t inode : tracker_.Update(absl::Now(), samples)) {
-    // gRPC owns the descriptor and may have closed it (and the number been reused) since the
-    // sample: act on a duplicate, and only if it is still the same socket.
-    const int dup_fd = dup(fd_of[inode]);
-    struct stat st;
-    if (dup_fd < 0) continue;
-    if (fstat(dup_fd, &st) == 0 && st.st_ino == inode) {
-      ucred peer{};
-      socklen_t n = sizeof(peer);
-      getsockopt(dup_fd, SOL_SOCKET, SO_PEERCRED, &peer, &n);
-      int unread = 0;
-      ioctl(dup_fd, SIOCOUTQ, &unread);
-      shutdown(dup_fd, SHUT_RDWR);
-      ++dropped_;
-      log_(absl::StrCat("dropped a connection whose peer stopped reading: pid ", peer.pid, " uid ",
-                        peer.uid, " left ", unread, " bytes unread for ",
-                        absl::FormatDuration(tracker_.timeout()), " (server.unread_timeout_ms)"));
-    }
-    close(dup_fd);
+  // A peer process with a session that has called nothing since its bytes went unread.
+  const auto quiet = [&](uint64_t inode, absl::Duration stuck_for) {
+    if (!since_last_call_) return false;
+    const int fd = DupIfSame(fd_of[inode], inode);
+    if (fd < 0) return false;
+    const pid_t pid = PeerOf(fd).pid;
+    close(fd);
+    const std::optional<absl::Duration> since = since_last_call_(pid);
+    return since.has_value() && *since >= stuck_for;
+  };
+  for (uint64_t inode : tracker_.Update(absl::Now(), samples, quiet)) {
+    const int fd = DupIfSame(fd_of[inode], inode);
+    if (fd < 0) continue;
+    const ucred peer = PeerOf(fd);
+    int unread = 0;
+    ioctl(fd, SIOCOUTQ, &unread);
+    shutdown(fd, SHUT_RDWR);
+    close(fd);
+    ++dropped_;
+    log_(absl::StrCat("dropped a connection whose peer stopped reading: pid ", peer.pid, " uid ",
+                      peer.uid, " left ", unread, " bytes unread for ",
+                      absl::FormatDuration(tracker_.timeout()), " (server.unread_timeout_ms)"));
   }
 }
 

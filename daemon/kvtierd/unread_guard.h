@@ -8,13 +8,23 @@
 // the connections the daemon accepted on its gRPC unix socket; one whose unread bytes (SIOCOUTQ:
 // sent by the daemon, not yet read by the peer) stayed above zero without ever going down for
 // `timeout` is shut down, which makes gRPC close it and free its streams. A peer that reads at
-// all restarts its clock; a worker SIGSTOPped that long loses its connection (not its session)
-// and reconnects when it runs again.
+// all restarts its clock.
+//
+// gRPC's client reads nothing while it has no call in flight, and kvtierd sends a few hundred
+// bytes after the last answer, so an idle worker looks like a stuck one to the kernel. The
+// kernel keeps no count of bytes received on a unix socket; the core knows instead when each
+// session last called. A connection whose peer process holds a session and has made no call
+// since its bytes went unread is paused, not stuck (it cannot be growing the daemon): it is kept,
+// and its clock starts over. A worker SIGSTOPped keeps its connection while its lease lives and
+// loses it once the lease is reaped.
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -30,17 +40,25 @@ namespace kvtier::daemon {
 // thread-safe.
 class UnreadTracker {
  public:
+  // Whether the peer behind connection `key` has sent nothing for `stuck_for` (the time since
+  // the first sample that found its bytes unread and not going down).
+  using Quiet = std::function<bool(uint64_t key, absl::Duration stuck_for)>;
+
   explicit UnreadTracker(absl::Duration timeout) : timeout_(timeout) {}
   // `samples` holds every watched connection at `now`; connections missing from it are
   // forgotten. Returns the keys to drop (each once: a dropped key starts over if seen again).
+  // A connection due to be dropped is kept, its clock started over, when `quiet` (if given)
+  // says its peer sent nothing since it got stuck.
   std::vector<uint64_t> Update(absl::Time now,
-                               const std::vector<std::pair<uint64_t, uint64_t>>& samples);
+                               const std::vector<std::pair<uint64_t, uint64_t>>& samples,
+                               const Quiet& quiet = nullptr);
   absl::Duration timeout() const { return timeout_; }
 
  private:
   struct Seen {
     uint64_t unread = 0;
     absl::Time progress;  // last sample with nothing unread or less than before
+    absl::Time stuck_since = absl::InfiniteFuture();  // first sample after `progress`
   };
   const absl::Duration timeout_;
   std::map<uint64_t, Seen> seen_;
@@ -48,11 +66,14 @@ class UnreadTracker {
 
 // Samples the accepted connections of the unix socket at `socket_path` every `period` on a
 // thread it owns (started here, stopped and joined by the destructor) and shuts down those the
-// tracker names; `log` gets one line per connection dropped. Thread-safe.
+// tracker names; `since_last_call(pid)` is DaemonCore::SinceLastCall; `log` gets one line per
+// connection dropped. Thread-safe.
 class UnreadGuard {
  public:
+  using SinceLastCall = std::function<std::optional<absl::Duration>(pid_t pid)>;
+
   UnreadGuard(std::string socket_path, absl::Duration timeout, absl::Duration period,
-              std::function<void(const std::string&)> log);
+              SinceLastCall since_last_call, std::function<void(const std::string&)> log);
   ~UnreadGuard();
   UnreadGuard(const UnreadGuard&) = delete;
   UnreadGuard& operator=(const UnreadGuard&) = delete;
@@ -65,6 +86,7 @@ class UnreadGuard {
 
   const std::string socket_path_;
   const absl::Duration period_;
+  const SinceLastCall since_last_call_;
   const std::function<void(const std::string&)> log_;
   UnreadTracker tracker_;  // the loop's only
   std::atomic<uint64_t> dropped_{0};

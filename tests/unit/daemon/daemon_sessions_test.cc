@@ -416,5 +416,29 @@ TEST(SessionTest, LimitsBoundSlotSizesAndSequencesNodeWide) {
   EXPECT_NE(over.status().message().find("limits.max_sequences"), absl::string_view::npos);
 }
 
+// What the unread guard asks before dropping a connection: how long the sessions of a process
+// have been quiet. Only authenticated calls count; a lease that ran out holds nothing.
+TEST(SessionTest, SinceLastCallIsTheQuietTimeOfTheLiveSessionsOfAProcess) {
+  Env env;
+  const pid_t self = getpid();
+  EXPECT_FALSE(env.core->SinceLastCall(self).has_value());  // no session yet
+  SimWorker a(env.core.get()), b(env.core.get());           // both opened by this process
+  env.clock.Advance(absl::Seconds(3));
+  ASSERT_EQ(env.core->SinceLastCall(self), absl::Seconds(3));
+  v1::HeartbeatRequest hb = a.Signed(v1::HeartbeatRequest());
+  hb.set_daemon_epoch(a.registration().daemon_epoch());
+  ASSERT_TRUE(env.core->Heartbeat(hb).ok());
+  env.clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(env.core->SinceLastCall(self), absl::Seconds(1));  // the newest of the two
+  // A call with a wrong secret is not the worker's.
+  hb.set_session_secret(b.secret());
+  EXPECT_FALSE(env.core->Heartbeat(hb).ok());
+  env.clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(env.core->SinceLastCall(self), absl::Seconds(2));
+  EXPECT_FALSE(env.core->SinceLastCall(self + 1).has_value());  // another process
+  env.clock.Advance(absl::Seconds(9));                          // past a's lease (10 s) too
+  EXPECT_FALSE(env.core->SinceLastCall(self).has_value());
+}
+
 }  // namespace
 }  // namespace kvtier::daemon

@@ -40,5 +40,31 @@ TEST(UnreadTrackerTest, ConnectionsThatClosedAreForgotten) {
   EXPECT_EQ(t.Update(At(1200), {{3, 10}}), std::vector<uint64_t>{3});
 }
 
+TEST(UnreadTrackerTest, APeerThatSentNothingSinceItGotStuckIsKeptAndItsClockStartsOver) {
+  UnreadTracker t(absl::Milliseconds(500));
+  std::vector<absl::Duration> asked;
+  bool quiet = true;
+  const UnreadTracker::Quiet peer = [&](uint64_t key, absl::Duration stuck_for) {
+    EXPECT_EQ(key, 9u);
+    asked.push_back(stuck_for);
+    return quiet;
+  };
+  EXPECT_TRUE(t.Update(At(0), {{9, 0}}, peer).empty());
+  EXPECT_TRUE(t.Update(At(100), {{9, 768}}, peer).empty());  // stuck from here
+  EXPECT_TRUE(t.Update(At(400), {{9, 768}}, peer).empty());
+  EXPECT_TRUE(asked.empty());  // asked only once the timeout is up
+  EXPECT_TRUE(t.Update(At(500), {{9, 768}}, peer).empty());
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], absl::Milliseconds(400));  // since the first stuck sample, not since 0
+  // Kept: the clock starts over at 500, so nothing is asked before 1000.
+  EXPECT_TRUE(t.Update(At(900), {{9, 768}}, peer).empty());
+  EXPECT_EQ(asked.size(), 1u);
+  // The peer calls again and still reads nothing: dropped at the next timeout.
+  quiet = false;
+  EXPECT_EQ(t.Update(At(1000), {{9, 768}}, peer), std::vector<uint64_t>{9});
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[1], absl::Milliseconds(500));  // a call since 500 counts
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
