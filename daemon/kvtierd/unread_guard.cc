@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "edge/memory_channel.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -39,22 +40,12 @@ bool AcceptedOn(int fd, const std::string& path) {
 }
 
 // A duplicate of `fd` if it is still the socket `inode` (gRPC owns the descriptor and may have
-// closed it, and the number been reused, since the sample), else -1.
-int DupIfSame(int fd, uint64_t inode) {
-  const int dup_fd = dup(fd);
+// closed it, and the number been reused, since the sample), else none.
+edge::UniqueFd DupIfSame(int fd, uint64_t inode) {
+  edge::UniqueFd dup_fd(dup(fd));
   struct stat st;
-  if (dup_fd >= 0 && (fstat(dup_fd, &st) != 0 || st.st_ino != inode)) {
-    close(dup_fd);
-    return -1;
-  }
+  if (dup_fd.valid() && (fstat(dup_fd.get(), &st) != 0 || st.st_ino != inode)) dup_fd.Reset();
   return dup_fd;
-}
-
-ucred PeerOf(int fd) {
-  ucred peer{};
-  socklen_t n = sizeof(peer);
-  getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &n);
-  return peer;
 }
 
 }  // namespace
@@ -122,21 +113,20 @@ void UnreadGuard::Sweep() {
   // A peer process with a session that has called nothing since its bytes went unread.
   const auto quiet = [&](uint64_t inode, absl::Duration stuck_for) {
     if (!since_last_call_) return false;
-    const int fd = DupIfSame(fd_of[inode], inode);
-    if (fd < 0) return false;
-    const pid_t pid = PeerOf(fd).pid;
-    close(fd);
-    const std::optional<absl::Duration> since = since_last_call_(pid);
+    const edge::UniqueFd fd = DupIfSame(fd_of[inode], inode);
+    const absl::StatusOr<edge::PeerCredentials> peer =
+        fd.valid() ? edge::PeerOf(fd.get()) : absl::NotFoundError("closed");
+    if (!peer.ok()) return false;
+    const std::optional<absl::Duration> since = since_last_call_(peer->pid);
     return since.has_value() && *since >= stuck_for;
   };
   for (uint64_t inode : tracker_.Update(absl::Now(), samples, quiet)) {
-    const int fd = DupIfSame(fd_of[inode], inode);
-    if (fd < 0) continue;
-    const ucred peer = PeerOf(fd);
+    const edge::UniqueFd fd = DupIfSame(fd_of[inode], inode);
+    if (!fd.valid()) continue;
+    const edge::PeerCredentials peer = edge::PeerOf(fd.get()).value_or(edge::PeerCredentials{});
     int unread = 0;
-    ioctl(fd, SIOCOUTQ, &unread);
-    shutdown(fd, SHUT_RDWR);
-    close(fd);
+    ioctl(fd.get(), SIOCOUTQ, &unread);
+    shutdown(fd.get(), SHUT_RDWR);
     ++dropped_;
     log_(absl::StrCat("dropped a connection whose peer stopped reading: pid ", peer.pid, " uid ",
                       peer.uid, " left ", unread, " bytes unread for ",
