@@ -111,6 +111,14 @@ bool InGroup(const edge::PeerCredentials& peer, gid_t gid) {
          std::find(peer.groups.begin(), peer.groups.end(), gid) != peer.groups.end();
 }
 
+// A request over the memory channel speaks for a worker only from the uid that registered it
+// (the kernel's word, not the message's); `peer` null: the request came over gRPC.
+absl::Status CheckSameUid(const WorkerRec& w, const edge::PeerCredentials* peer) {
+  if (peer == nullptr || peer->uid == w.peer.uid) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("worker_id ", w.id, " registered as uid ", w.peer.uid, ", not uid ", peer->uid));
+}
+
 }  // namespace
 
 DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics,
@@ -137,12 +145,12 @@ DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics
         kind, capacity, EffectiveExtentBytes(options.extent_bytes, capacity),
         absl::StrCat(label, ddr ? "-ddr" : "-cmp"), std::move(source));
   }
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   UpdateGaugesLocked();
 }
 
 DaemonCoreImpl::~DaemonCoreImpl() {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   sequences_.clear();  // releases every slot before the pools go away
   workers_.clear();
 }
@@ -152,7 +160,7 @@ bool DaemonCoreImpl::ExpiredLocked(const WorkerRec& w) const {
 }
 
 absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
-                                                              const std::string& secret) {
+                                                              const std::string& secret, Via via) {
   auto it = workers_.find(id);
   if (it != workers_.end() && !edge::SecretsEqual(secret, it->second.secret)) {
     return absl::PermissionDeniedError(absl::StrCat("session_secret does not match worker_id ", id,
@@ -174,6 +182,7 @@ absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
         absl::StrCat("worker_id ", id, ": lease expired; register again"));
   }
   it->second.last_seen = clock_->Now();
+  if (via == Via::kRpc) it->second.last_call = it->second.last_seen;
   return &it->second;
 }
 
@@ -282,7 +291,7 @@ void DaemonCoreImpl::UpdateGaugesLocked() {
 }
 
 absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::Hello(const edge::PeerCredentials& peer) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   return Count(Metrics::Rpc::kChannelHello, HelloLocked(peer));
 }
 
@@ -350,7 +359,7 @@ absl::StatusOr<Ticket> DaemonCoreImpl::RedeemTicketLocked(const std::string& t, 
 
 absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterWorker(
     const v1::RegisterWorkerRequest& request) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   return Count(Metrics::Rpc::kRegisterWorker, RegisterLocked(request));
 }
 
@@ -443,6 +452,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   w.page_bytes = {r.t1_page_bytes(), r.t2_page_bytes()};
   w.link = std::move(link);
   w.last_seen = clock_->Now();
+  w.last_call = w.last_seen;
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
   resp.set_session_secret(w.secret);
@@ -461,23 +471,36 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
 
 absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::Heartbeat(
     const v1::HeartbeatRequest& request) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   return Count(Metrics::Rpc::kHeartbeat, HeartbeatLocked(request));
 }
 
+absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::ChannelHeartbeat(
+    const edge::PeerCredentials& peer, const v1::HeartbeatRequest& request) {
+  PiMutexLock lock(&mu_);
+  absl::StatusOr<v1::HeartbeatResponse> beat =
+      Count(Metrics::Rpc::kHeartbeat, HeartbeatLocked(request, &peer));
+  if (!beat.ok()) return beat.status();
+  v1::ChannelReply reply;
+  *reply.mutable_heartbeat() = *std::move(beat);
+  return reply;
+}
+
 absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::HeartbeatLocked(
-    const v1::HeartbeatRequest& r) {
+    const v1::HeartbeatRequest& r, const edge::PeerCredentials* channel_peer) {
   if (r.daemon_epoch() != epoch_) {
     return absl::FailedPreconditionError(absl::StrCat("daemon_epoch ", r.daemon_epoch(),
                                                       " is not the daemon's (", epoch_,
                                                       "): the daemon restarted; register again"));
   }
-  absl::StatusOr<WorkerRec*> w = AuthenticateLocked(r.worker_id(), r.session_secret());
+  absl::StatusOr<WorkerRec*> w = AuthenticateLocked(r.worker_id(), r.session_secret(),
+                                                    channel_peer ? Via::kChannel : Via::kRpc);
   if (!w.ok()) {
     if (w.status().code() == absl::StatusCode::kPermissionDenied) return w.status();
     // A heartbeat from any worker the daemon does not know means: register again.
     return absl::FailedPreconditionError(w.status().message());
   }
+  RETURN_IF_ERROR(CheckSameUid(**w, channel_peer));
   // The lease is renewed either way: a bad figure is refused, the worker is not punished.
   RETURN_IF_ERROR(ValidateStepSeconds(r.step_seconds()));
   (*w)->step_seconds = r.step_seconds();
@@ -489,7 +512,7 @@ absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::HeartbeatLocked(
 
 absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenSequence(
     const v1::OpenSequenceRequest& request) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   return Count(Metrics::Rpc::kOpenSequence, OpenLocked(request));
 }
 
@@ -527,7 +550,7 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
 
 absl::StatusOr<v1::CloseSequenceResponse> DaemonCoreImpl::CloseSequence(
     const v1::CloseSequenceRequest& request) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   return Count(Metrics::Rpc::kCloseSequence, CloseLocked(request));
 }
 
@@ -543,7 +566,7 @@ absl::StatusOr<v1::CloseSequenceResponse> DaemonCoreImpl::CloseLocked(
 
 absl::StatusOr<v1::CloseWorkerResponse> DaemonCoreImpl::CloseWorker(
     const v1::CloseWorkerRequest& request) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   absl::StatusOr<v1::CloseWorkerResponse> result =
       [&]() -> absl::StatusOr<v1::CloseWorkerResponse> {
     ASSIGN_OR_RETURN(WorkerRec * w,
@@ -560,18 +583,16 @@ absl::StatusOr<v1::CloseWorkerResponse> DaemonCoreImpl::CloseWorker(
 absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchExtents(const edge::PeerCredentials& peer,
                                                               const v1::FetchExtents& request,
                                                               std::vector<edge::UniqueFd>* fds) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   return Count(Metrics::Rpc::kFetchExtents, FetchLocked(peer, request, fds));
 }
 
 absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchLocked(const edge::PeerCredentials& peer,
                                                              const v1::FetchExtents& r,
                                                              std::vector<edge::UniqueFd>* fds) {
-  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
-  if (peer.uid != w->peer.uid) {
-    return absl::PermissionDeniedError(absl::StrCat("worker_id ", w->id, " registered as uid ",
-                                                    w->peer.uid, ", not uid ", peer.uid));
-  }
+  ASSIGN_OR_RETURN(WorkerRec * w,
+                   AuthenticateLocked(r.worker_id(), r.session_secret(), Via::kChannel));
+  RETURN_IF_ERROR(CheckSameUid(*w, &peer));
   if (r.kind() != v1::POOL_KIND_DDR && r.kind() != v1::POOL_KIND_COMPRESSED) {
     return Invalid("kind", absl::StrCat(static_cast<int>(r.kind()),
                                         " is not DDR (1) or "
@@ -631,7 +652,7 @@ absl::StatusOr<v1::GetStatusResponse> DaemonCoreImpl::GetStatus(
     const v1::GetStatusRequest& request) {
   StatusRows rows;
   {
-    absl::MutexLock lock(&mu_);
+    PiMutexLock lock(&mu_);
     rows = StatusRowsLocked(request);
   }
   v1::GetStatusResponse resp = std::move(rows.head);
@@ -720,7 +741,7 @@ DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusR
 }
 
 int DaemonCoreImpl::ReapExpired() {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   std::vector<uint64_t> expired;
   for (const auto& [id, w] : workers_) {
     if (ExpiredLocked(w)) expired.push_back(id);
@@ -734,12 +755,12 @@ int DaemonCoreImpl::ReapExpired() {
 }
 
 std::optional<absl::Duration> DaemonCoreImpl::SinceLastCall(pid_t pid) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   std::optional<absl::Duration> since;
   const absl::Duration now = clock_->Now();
   for (const auto& [id, w] : workers_) {
     if (w.peer.pid != pid || ExpiredLocked(w)) continue;
-    since = std::min(since.value_or(absl::InfiniteDuration()), now - w.last_seen);
+    since = std::min(since.value_or(absl::InfiniteDuration()), now - w.last_call);
   }
   return since;
 }
@@ -750,7 +771,7 @@ void DaemonCoreImpl::PrepareSpareExtents() {
     PoolBudget& budget = *pool;
     for (;;) {
       {
-        absl::MutexLock lock(&mu_);
+        PiMutexLock lock(&mu_);
         if (!budget.WantsSpare(kSpares)) break;
         budget.BeginSpare();
       }
@@ -760,7 +781,7 @@ void DaemonCoreImpl::PrepareSpareExtents() {
 }
 
 absl::Status DaemonCoreImpl::Reload(const CoreOptions& options) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   const absl::Duration ttl =
       options.lease_ttl > absl::ZeroDuration() ? options.lease_ttl : options_.lease_ttl;
   const absl::Duration beat = options.heartbeat_interval > absl::ZeroDuration()

@@ -122,14 +122,20 @@ class DaemonCore {
                                                         const v1::FetchExtents& request,
                                                         std::vector<edge::UniqueFd>* fds) = 0;
 
+  // A heartbeat over the memory channel (its kept connection, daemon/kvtierd/heartbeat_lane.h):
+  // the RPC's answer in `heartbeat`, when the peer's uid is the registered worker's. It renews
+  // the lease but is no call on the gRPC socket (SinceLastCall does not count it).
+  virtual absl::StatusOr<v1::ChannelReply> ChannelHeartbeat(
+      const edge::PeerCredentials& peer, const v1::HeartbeatRequest& request) = 0;
+
   // Expires leases older than the TTL (by the injected clock) and returns every slot of those
   // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.
   virtual int ReapExpired() = 0;
 
-  // How long since the last authenticated call of the live sessions whose channel hello came
-  // from process `pid`; nullopt when it holds none. The unread guard asks it before dropping a
-  // connection: a worker that has called nothing since its bytes went unread is paused, not
-  // stuck.
+  // How long since the last authenticated call on the gRPC socket of the live sessions whose
+  // channel hello came from process `pid`; nullopt when it holds none. The unread guard asks it
+  // before dropping a connection: a worker that has called nothing since its bytes went unread is
+  // paused, not stuck.
   virtual std::optional<absl::Duration> SinceLastCall(pid_t pid) = 0;
 
   // Makes spare extents for each pool (up to two, within the budget, for budgets of 8 extents

@@ -21,6 +21,7 @@
 #include "daemon/daemon_core.h"
 #include "daemon/link_schedule.h"
 #include "daemon/metrics.h"
+#include "daemon/pi_mutex.h"
 #include "daemon/placement_figures.h"
 #include "daemon/slot_allocator.h"
 #include "daemon/tiering_adapter.h"
@@ -46,7 +47,8 @@ struct WorkerRec {
   layout::KvGeometry geometry;
   uint64_t hbm_budget_bytes = 0;
   std::array<uint64_t, 2> page_bytes{};  // slot request per pool: t1_page_bytes, t2_page_bytes
-  absl::Duration last_seen;
+  absl::Duration last_seen;              // the lease: any authenticated request renews it
+  absl::Duration last_call;  // the last request on the gRPC socket (the unread guard's question)
   absl::flat_hash_set<uint64_t> sequences;
   std::array<uint64_t, 2> pool_bytes{};  // slot bytes held, pending destinations included
   // The worker's memory of each pool (index PoolIndex). The registry frees the sequences'
@@ -168,6 +170,8 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::StatusOr<v1::ChannelReply> FetchExtents(const edge::PeerCredentials& peer,
                                                 const v1::FetchExtents& request,
                                                 std::vector<edge::UniqueFd>* fds) override;
+  absl::StatusOr<v1::ChannelReply> ChannelHeartbeat(const edge::PeerCredentials& peer,
+                                                    const v1::HeartbeatRequest& request) override;
   int ReapExpired() override;
   std::optional<absl::Duration> SinceLastCall(pid_t pid) override;
   void PrepareSpareExtents() override;
@@ -180,7 +184,10 @@ class DaemonCoreImpl final : public DaemonCore {
  private:
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterLocked(const v1::RegisterWorkerRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(const v1::HeartbeatRequest& r)
+  // `channel_peer`: the kernel's word on a heartbeat that came over the memory channel (its uid
+  // must be the worker's); null for the RPC.
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(
+      const v1::HeartbeatRequest& r, const edge::PeerCredentials* channel_peer = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::OpenSequenceResponse> OpenLocked(const v1::OpenSequenceRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -251,10 +258,13 @@ class DaemonCoreImpl final : public DaemonCore {
                                             absl::string_view field)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The live worker `id` whose session secret is `secret`, lease renewed. NOT_FOUND for ids
-  // never issued by this daemon, PERMISSION_DENIED for a secret that does not match (nothing is
-  // changed, not even the lease), FAILED_PRECONDITION for expired ones (reaped first).
-  absl::StatusOr<WorkerRec*> AuthenticateLocked(uint64_t id, const std::string& secret)
+  // The live worker `id` whose session secret is `secret`, lease renewed (and, for a request
+  // `via` the gRPC socket, its last call). NOT_FOUND for ids never issued by this daemon,
+  // PERMISSION_DENIED for a secret that does not match (nothing is changed, not even the lease),
+  // FAILED_PRECONDITION for expired ones (reaped first).
+  enum class Via { kRpc, kChannel };
+  absl::StatusOr<WorkerRec*> AuthenticateLocked(uint64_t id, const std::string& secret,
+                                                Via via = Via::kRpc)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's sequence: NOT_FOUND when unknown, PERMISSION_DENIED when another worker's.
   absl::StatusOr<std::shared_ptr<SequenceRec>> FindSequenceLocked(const WorkerRec& w,
@@ -322,7 +332,8 @@ class DaemonCoreImpl final : public DaemonCore {
   // Budgets are declared before the registry, which holds extents charged to them.
   std::array<std::unique_ptr<PoolBudget>, 2> pools_;
 
-  mutable absl::Mutex mu_;
+  // Priority inheritance: the heartbeat lane's real-time thread takes it (pi_mutex.h).
+  mutable PiMutex mu_;
   CoreOptions options_ ABSL_GUARDED_BY(mu_);
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_id_ ABSL_GUARDED_BY(mu_);

@@ -291,7 +291,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   Prepared prep;
   std::shared_ptr<const v1::TierPlan> replay;
   {
-    absl::MutexLock lock(&mu_);
+    PiMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
     ASSIGN_OR_RETURN(seq, FindSequenceLocked(*w, r.sequence_id()));
     // Mostly free: taken without blocking under mu_ (which the lock order would not allow).
@@ -302,7 +302,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   if (!plan_lock.held()) {
     // Another snapshot of this sequence is being decided (a resubmission): wait for it.
     plan_lock.Lock(&seq->plan_mu);
-    absl::MutexLock lock(&mu_);
+    PiMutexLock lock(&mu_);
     RETURN_IF_ERROR(PrepareLocked(r, fingerprint, *seq, prep, replay));
   }
   if (replay != nullptr) return *replay;  // the same snapshot again: its reply was lost
@@ -317,7 +317,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   for (int round = 0; plan == nullptr; ++round) {
     std::array<uint32_t, 2> make{};
     {
-      absl::MutexLock lock(&mu_);
+      PiMutexLock lock(&mu_);
       if (round < 2) make = ExtentsToMakeLocked(*seq, prep);
       if (make[0] + make[1] == 0) {
         ASSIGN_OR_RETURN(plan, PlanLocked(*seq, prep));
@@ -419,7 +419,7 @@ bool DaemonCoreImpl::MakeSpare(PoolBudget& budget) {
   // What MakeExtent reads never changes after construction.
   absl::StatusOr<Extent> made = budget.MakeExtent(budget.memory());
   const bool ok = made.ok();
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   budget.EndSpare(std::move(made));
   UpdateGaugesLocked();
   return ok;
@@ -525,7 +525,7 @@ void DaemonCoreImpl::CountPlan(const Prepared& prep) const {
 }
 
 absl::StatusOr<v1::AckPlanResponse> DaemonCoreImpl::AckPlan(const v1::AckPlanRequest& request) {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   return Count(Metrics::Rpc::kAckPlan, AckLocked(request));
 }
 
@@ -579,7 +579,7 @@ void DaemonCoreImpl::CommitLocked(WorkerRec& w, SequenceRec& s) {
 namespace kvtier::daemon::internal {
 
 absl::Status DaemonCoreImpl::CheckInvariants() const {
-  absl::MutexLock lock(&mu_);
+  PiMutexLock lock(&mu_);
   std::array<uint64_t, 2> pool_bytes{};
   std::array<uint64_t, 2> extents{};
   std::array<uint64_t, tiering::kNumTiers> tokens{};

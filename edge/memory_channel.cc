@@ -19,7 +19,9 @@ absl::Status Errno(absl::string_view what) {
   const int err = errno;
   std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  if (err == ENOENT || err == ECONNREFUSED) return absl::UnavailableError(msg);
+  if (err == ENOENT || err == ECONNREFUSED || err == EPIPE || err == ECONNRESET) {
+    return absl::UnavailableError(msg);  // no daemon there, or it closed the connection
+  }
   if (err == EAGAIN || err == EWOULDBLOCK) return absl::DeadlineExceededError(msg);
   return absl::InternalError(msg);
 }
@@ -120,7 +122,8 @@ absl::Status SendMessage(int socket_fd, const google::protobuf::MessageLite& mes
 
 absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
                                                      google::protobuf::MessageLite* message) {
-  std::string bytes(kMaxChannelMessageBytes, '\0');
+  // One buffer per thread: heartbeats come many times a second on the daemon's lane.
+  thread_local std::string bytes(kMaxChannelMessageBytes, '\0');
   iovec iov{bytes.data(), bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -157,9 +160,7 @@ absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
   return fds;
 }
 
-absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
-                                             const v1::ChannelRequest& request,
-                                             std::vector<UniqueFd>* fds, absl::Duration timeout) {
+absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout) {
   absl::StatusOr<sockaddr_un> addr = Address(channel_path);
   if (!addr.ok()) return addr.status();
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -168,9 +169,14 @@ absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
   if (connect(sock.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     return Errno(absl::StrCat("connect to the memory channel ", channel_path));
   }
-  if (absl::Status s = SendMessage(sock.get(), request, {}); !s.ok()) return s;
+  return sock;
+}
+
+absl::StatusOr<v1::ChannelReply> ChannelExchange(int socket_fd, const v1::ChannelRequest& request,
+                                                 std::vector<UniqueFd>* fds) {
+  if (absl::Status s = SendMessage(socket_fd, request, {}); !s.ok()) return s;
   v1::ChannelReply reply;
-  absl::StatusOr<std::vector<UniqueFd>> received = ReceiveMessage(sock.get(), &reply);
+  absl::StatusOr<std::vector<UniqueFd>> received = ReceiveMessage(socket_fd, &reply);
   if (!received.ok()) return received.status();
   if (reply.code() != 0) {
     const int code = reply.code() > 0 && reply.code() <= 16 ? reply.code() : 13;  // INTERNAL
@@ -178,6 +184,14 @@ absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
   }
   if (fds != nullptr) *fds = *std::move(received);
   return reply;
+}
+
+absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
+                                             const v1::ChannelRequest& request,
+                                             std::vector<UniqueFd>* fds, absl::Duration timeout) {
+  absl::StatusOr<UniqueFd> sock = ConnectChannel(channel_path, timeout);
+  if (!sock.ok()) return sock.status();
+  return ChannelExchange(sock->get(), request, fds);
 }
 
 absl::StatusOr<UniqueFd> ListenChannel(const std::string& path, uint32_t mode, gid_t gid) {

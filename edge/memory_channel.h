@@ -69,9 +69,14 @@ absl::Status SendMessage(int socket_fd, const google::protobuf::MessageLite& mes
 absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
                                                      google::protobuf::MessageLite* message);
 
-// Client side: connects to `channel_path`, sends `request`, returns the reply and its
-// descriptors. A reply whose code is not OK comes back as that status with its message. No step
-// blocks longer than `timeout`.
+// Client side: a connection to `channel_path` whose sends and receives block at most `timeout`.
+absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout);
+// Sends `request` on a connected socket and returns the reply and its descriptors. A reply whose
+// code is not OK comes back as that status with its message.
+absl::StatusOr<v1::ChannelReply> ChannelExchange(int socket_fd, const v1::ChannelRequest& request,
+                                                 std::vector<UniqueFd>* fds);
+// Both, on a connection of its own: connects to `channel_path`, sends `request`, returns the
+// reply. No step blocks longer than `timeout`.
 absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
                                              const v1::ChannelRequest& request,
                                              std::vector<UniqueFd>* fds,

@@ -8,12 +8,16 @@
 // (two round trips a plan), and snapshots carrying the acknowledgement of the sequence's
 // previous plan (applied_plan_version: one round trip). Also reports the daemon's memory.
 //
-// Beside every closed-loop run one more client sends a heartbeat every --heartbeat-ms and
-// reports its latency against heartbeats to the same daemon at rest, measured in the same run:
-// what a lease renewal waits for while the workers flood the daemon.
+// Beside every closed-loop run two more clients send a heartbeat every --heartbeat-ms, one over
+// the memory channel's kept connection (the client's default, answered by the daemon's heartbeat
+// lane) and one over gRPC, and report their latency against heartbeats of the same path to the
+// same daemon at rest, measured in the same run: what a lease renewal waits for while the
+// workers flood the daemon.
 //
 //   kvtier-bench-daemon --workers 1,8,32 --pages 2048 --seconds 3
 
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -51,9 +55,11 @@ double Percentile(std::vector<double> v, double q) {
   return v[k];
 }
 
-std::unique_ptr<WorkerClient> Connect(const std::string& address, int index) {
+std::unique_ptr<WorkerClient> Connect(const std::string& address, int index,
+                                      bool heartbeat_over_channel = true) {
   ClientOptions o;
   o.address = address;
+  o.heartbeat_over_channel = heartbeat_over_channel;
   o.rpc_deadline = absl::Seconds(5);
   auto& r = o.registration;
   r.set_worker_name(absl::StrCat("bench-", index));
@@ -240,16 +246,32 @@ Sample Heartbeats(WorkerClient* client, absl::Duration period, absl::Time stop) 
   return out;
 }
 
-// `prober` (may be null) sends heartbeats every `beat` meanwhile, into `*beats`.
+// Heartbeat probers: one per path (channel, gRPC), each client's samples.
+struct Probers {
+  std::vector<WorkerClient*> clients;
+  absl::Duration beat = absl::Milliseconds(5);
+  std::vector<Sample>* beats = nullptr;  // one per client
+  int priority = 0;                      // SCHED_FIFO priority of the probing threads; 0 = none
+};
+
+// `probers` (may be empty) send heartbeats every `beat` meanwhile.
 Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequences, uint32_t pages,
            absl::Duration period, absl::Duration length, bool stable, Request request,
-           WorkerClient* prober = nullptr, absl::Duration beat = absl::Milliseconds(5),
-           Sample* beats = nullptr) {
+           const Probers& probers = {}) {
   std::vector<Sample> samples(clients.size());
   std::vector<std::thread> threads;
   absl::Time stop = absl::Now() + length;
-  if (prober != nullptr) {
-    threads.emplace_back([=] { *beats = Heartbeats(prober, beat, stop); });
+  for (size_t i = 0; i < probers.clients.size(); ++i) {
+    threads.emplace_back([&probers, i, stop] {
+      if (probers.priority > 0) {
+        sched_param param{};
+        param.sched_priority = probers.priority;
+        if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &param) != 0) {
+          std::fprintf(stderr, "--prober-priority: SCHED_FIFO refused\n");
+        }
+      }
+      (*probers.beats)[i] = Heartbeats(probers.clients[i], probers.beat, stop);
+    });
   }
   for (size_t w = 0; w < clients.size(); ++w) {
     threads.emplace_back(RunWorker, clients[w].get(), sequences, pages, period, stop, &samples[w],
@@ -302,14 +324,26 @@ int main(int argc, char** argv) {
          "--policy-threads", policy_threads,
          "kvtierd's server.policy_threads (-1: its default; 0: snapshots on gRPC's threads)")
       ->check(CLI::Range(-1, 64));
+  int heartbeat_priority = -1;
+  app.add_option("--heartbeat-priority", heartbeat_priority,
+                 "kvtierd's server.heartbeat_priority (-1: its default; 0: no SCHED_FIFO)")
+      ->check(CLI::Range(-1, 99));
+  int prober_priority = 0;
+  app.add_option("--prober-priority", prober_priority,
+                 "SCHED_FIFO priority of the heartbeat probers' threads (0: the default policy), "
+                 "as a worker whose heartbeat thread may run real-time")
+      ->check(CLI::Range(0, 99))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const int metrics_port = *testing::FreeLoopbackPort();
   const std::string metrics = absl::StrCat("127.0.0.1:", metrics_port);
 
   auto daemon = testing::DaemonProcess::Start(
       {.config_text = absl::StrCat(
-           policy_threads >= 0 ? absl::StrCat("[server]\npolicy_threads = ", policy_threads, "\n")
-                               : "",
+           "[server]\n",
+           policy_threads >= 0 ? absl::StrCat("policy_threads = ", policy_threads, "\n") : "",
+           heartbeat_priority >= 0 ? absl::StrCat("heartbeat_priority = ", heartbeat_priority, "\n")
+                                   : "",
            "[limits]\nmax_sequences_per_worker = 4096\n"),
        .metrics_address = metrics,
        .ddr_mib = ddr_mib,
@@ -323,15 +357,22 @@ int main(int argc, char** argv) {
       "degraded | daemon RSS MiB | daemon CPU us/req | in-daemon p99 us <= |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const absl::Duration beat = absl::Microseconds(heartbeat_ms * 1000);
-  std::unique_ptr<WorkerClient> prober = Connect((*daemon)->address(), -1);
-  // Heartbeats to the daemon at rest: the baseline of the heartbeat rows.
-  Sample rest = Heartbeats(prober.get(), beat, absl::Now() + absl::Seconds(seconds));
-  const double rest_p50 = Percentile(rest.latencies_us, 0.5);
-  const double rest_p99 = Percentile(rest.latencies_us, 0.99);
-  std::printf(
-      "| 0 | idle | heartbeat (baseline of heartbeat rows) | %.0f | %.0f | %.0f | 1.0x | 1.0x "
-      "| - | %.1f | - | - |\n",
-      rest.plans / seconds, rest_p50, rest_p99, RssKiB((*daemon)->pid()) / 1024.0);
+  const char* kPaths[] = {"channel", "gRPC"};
+  std::vector<std::unique_ptr<WorkerClient>> probers;
+  probers.push_back(Connect((*daemon)->address(), -1, /*heartbeat_over_channel=*/true));
+  probers.push_back(Connect((*daemon)->address(), -2, /*heartbeat_over_channel=*/false));
+  // Heartbeats of each path to the daemon at rest: the baselines of the heartbeat rows.
+  std::vector<double> rest_p50, rest_p99;
+  for (size_t i = 0; i < probers.size(); ++i) {
+    Sample rest = Heartbeats(probers[i].get(), beat, absl::Now() + absl::Seconds(seconds));
+    rest_p50.push_back(Percentile(rest.latencies_us, 0.5));
+    rest_p99.push_back(Percentile(rest.latencies_us, 0.99));
+    std::printf(
+        "| 0 | idle | heartbeat (%s; baseline of its rows) | %.0f | %.0f | %.0f | 1.0x | 1.0x "
+        "| - | %.1f | - | - |\n",
+        kPaths[i], rest.plans / seconds, rest_p50[i], rest_p99[i],
+        RssKiB((*daemon)->pid()) / 1024.0);
+  }
   for (absl::string_view w : absl::StrSplit(workers_list, ',')) {
     int n = std::stoi(std::string(w));
     std::vector<std::unique_ptr<WorkerClient>> clients;
@@ -341,14 +382,19 @@ int main(int argc, char** argv) {
       double base_p50 = 0, base_p99 = 0;
       for (Request request : {Request::kGetStatus, Request::kAckPlan, Request::kCarriedAck}) {
         auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
-        Sample beats;
+        std::vector<Sample> beats(probers.size());
+        Probers probing{{}, beat, &beats, prober_priority};
+        if (!open_loop) {
+          for (auto& p : probers) probing.clients.push_back(p.get());
+        }
         const double cpu0 = CpuSeconds((*daemon)->pid());
         const auto buckets0 = PlanLatencyBuckets(metrics_port);
-        Sample s =
-            Run(clients, sequences, pages, period, absl::Seconds(seconds), scores == "stable",
-                request, open_loop ? nullptr : prober.get(), beat, &beats);
+        Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds),
+                       scores == "stable", request, probing);
+        uint64_t beat_count = 0;
+        for (const Sample& b : beats) beat_count += b.plans;
         const double cpu_us = 1e6 * (CpuSeconds((*daemon)->pid()) - cpu0) /
-                              std::max<uint64_t>(1, s.plans + beats.plans);
+                              std::max<uint64_t>(1, s.plans + beat_count);
         const double core_p99 =
             InDaemonQuantileUs(buckets0, PlanLatencyBuckets(metrics_port), 0.99);
         const double p50 = Percentile(s.latencies_us, 0.5), p99 = Percentile(s.latencies_us, 0.99);
@@ -361,14 +407,14 @@ int main(int argc, char** argv) {
             p99 / base_p99, 100.0 * s.degraded / std::max<uint64_t>(1, s.plans),
             RssKiB((*daemon)->pid()) / 1024.0, cpu_us,
             request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str());
-        if (!open_loop) {
-          const double b50 = Percentile(beats.latencies_us, 0.5);
-          const double b99 = Percentile(beats.latencies_us, 0.99);
+        for (size_t i = 0; !open_loop && i < probers.size(); ++i) {
+          const double b50 = Percentile(beats[i].latencies_us, 0.5);
+          const double b99 = Percentile(beats[i].latencies_us, 0.99);
           std::printf(
-              "| %d | %s | heartbeat beside %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | - | "
+              "| %d | %s | heartbeat (%s) beside %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | - | "
               "- | - | - |\n",
-              n, load.c_str(), RequestName(request), beats.plans / seconds, b50, b99,
-              b50 / rest_p50, b99 / rest_p99);
+              n, load.c_str(), kPaths[i], RequestName(request), beats[i].plans / seconds, b50, b99,
+              b50 / rest_p50[i], b99 / rest_p99[i]);
         }
         std::fflush(stdout);
       }

@@ -6,13 +6,16 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <type_traits>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/lib/extent_mapping.h"
+#include "client/lib/heartbeat_channel.h"
 #include "core/status/status_macros.h"
 #include "edge/memory_channel.h"
 #include "edge/message_limits.h"
@@ -24,6 +27,7 @@ namespace kvtier {
 namespace {
 
 using internal::ExtentMapping;
+using internal::HeartbeatChannel;
 using DriverPtr = std::shared_ptr<const edge::cuda::Driver>;
 
 // While the daemon does not answer, heartbeats retry this often, so a session resumes within a
@@ -47,6 +51,7 @@ class WorkerClientImpl final : public WorkerClient {
   WorkerClientImpl(const ClientOptions& options, std::string channel_path)
       : options_(options),
         channel_path_(std::move(channel_path)),
+        beats_(channel_path_, options.rpc_deadline),
         stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
 
   // After losing the daemon, a fresh channel connects at once instead of waiting out the old
@@ -169,6 +174,7 @@ class WorkerClientImpl final : public WorkerClient {
     compressed_ = std::move(compressed);
     ++generation_;
     connected_ = true;
+    beats_.Retry();  // a new session may be a newer daemon's
     return absl::OkStatus();
   }
 
@@ -290,7 +296,9 @@ class WorkerClientImpl final : public WorkerClient {
       request.set_daemon_epoch(epoch_);
     }
     v1::HeartbeatResponse response;
-    absl::Status s = Call(&v1::KvTier::Stub::Heartbeat, request, &response);
+    std::optional<absl::Status> beat;
+    if (options_.heartbeat_over_channel) beat = Track(beats_.Beat(request, &response));
+    absl::Status s = beat ? *beat : Call(&v1::KvTier::Stub::Heartbeat, request, &response);
     if (s.ok()) {
       absl::MutexLock lock(&mu_);
       lease_ttl_ = absl::Milliseconds(response.lease_ttl_ms());
@@ -301,7 +309,9 @@ class WorkerClientImpl final : public WorkerClient {
     }
     // Lost only when the daemon says so; a daemon that does not answer keeps the session (it
     // resumes once the daemon answers, as long as the lease lives).
-    if (SessionLost(s)) return RegisterAgain(signed_as);
+    if (SessionLost(s)) s = RegisterAgain(signed_as);
+    // The daemon went away, or is back so soon that its channel answers while the gRPC channel
+    // still backs off (RegisterWorker refused): a fresh channel connects at once.
     if (s.code() == absl::StatusCode::kUnavailable) NewChannel();
     return s;
   }
@@ -387,12 +397,23 @@ class WorkerClientImpl final : public WorkerClient {
       absl::MutexLock lock(&mu_);
       stub = stub_;
     }
-    absl::Status s = edge::FromGrpcStatus(((*stub).*method)(&ctx, request, response));
-    if (Unreachable(s) || SessionLost(s)) {
-      absl::MutexLock lock(&mu_);
+    return Track(edge::FromGrpcStatus(((*stub).*method)(&ctx, request, response)));
+  }
+
+  // Notes what a call's status says of the connection to the daemon; returns it.
+  template <typename StatusOrNot>
+  StatusOrNot Track(StatusOrNot s) {
+    const absl::Status* status = nullptr;
+    if constexpr (std::is_same_v<StatusOrNot, absl::Status>) {
+      status = &s;
+    } else if (s.has_value()) {
+      status = &*s;
+    }
+    if (status == nullptr) return s;
+    absl::MutexLock lock(&mu_);
+    if (Unreachable(*status) || SessionLost(*status)) {
       connected_ = false;
-    } else if (s.ok()) {
-      absl::MutexLock lock(&mu_);
+    } else if (status->ok()) {
       connected_ = true;
     }
     return s;
@@ -410,6 +431,7 @@ class WorkerClientImpl final : public WorkerClient {
 
   const ClientOptions options_;
   const std::string channel_path_;
+  HeartbeatChannel beats_;  // the kept channel connection (options_.heartbeat_over_channel)
   absl::Mutex register_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one re-registration at a time
   mutable absl::Mutex mu_;
   std::shared_ptr<v1::KvTier::Stub> stub_ ABSL_GUARDED_BY(mu_);

@@ -24,8 +24,13 @@ v1::ChannelReply ErrorReply(const absl::Status& s) {
 
 }  // namespace
 
-ChannelServer::ChannelServer(edge::UniqueFd listener, DaemonCore* core, LogFn log_debug)
-    : listener_(std::move(listener)), core_(core), log_debug_(std::move(log_debug)) {
+ChannelServer::ChannelServer(edge::UniqueFd listener, DaemonCore* core,
+                             HeartbeatLaneOptions heartbeats, LogFn log_info, LogFn log_warning,
+                             LogFn log_debug)
+    : listener_(std::move(listener)),
+      core_(core),
+      log_debug_(std::move(log_debug)),
+      heartbeats_(core, heartbeats, std::move(log_info), std::move(log_warning)) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) == 0) {
     wake_read_.Reset(fds[0]);
@@ -54,11 +59,12 @@ void ChannelServer::Loop() {
     timeval tv = absl::ToTimeval(kRequestTimeout);
     setsockopt(connection.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    Serve(connection.get());
+    Serve(std::move(connection));
   }
 }
 
-void ChannelServer::Serve(int connection) {
+void ChannelServer::Serve(edge::UniqueFd owned) {
+  const int connection = owned.get();
   absl::StatusOr<edge::PeerCredentials> peer = edge::PeerOf(connection);
   v1::ChannelRequest request;
   absl::StatusOr<std::vector<edge::UniqueFd>> sent_fds = edge::ReceiveMessage(connection, &request);
@@ -78,10 +84,12 @@ void ChannelServer::Serve(int connection) {
     case v1::ChannelRequest::kFetchExtents:
       reply = core_->FetchExtents(*peer, request.fetch_extents(), &fds);
       break;
+    case v1::ChannelRequest::kHeartbeat:
+      heartbeats_.Adopt(std::move(owned), *peer, request.heartbeat());
+      return;
     default:
       reply = absl::InvalidArgumentError(
-          "channel request names no operation (hello or "
-          "fetch_extents)");
+          "channel request names no operation (hello, fetch_extents or heartbeat)");
   }
   if (!reply.ok()) {
     log_debug_(absl::StrCat("memory channel: uid ", peer->uid, " pid ", peer->pid, ": ",

@@ -4,7 +4,8 @@
 // kvtierd's memory channel (edge/memory_channel.h): a few threads accept connections, read the
 // caller's credentials from the kernel, answer one request each (a hello, or a worker's extents
 // as descriptors) and close. A caller that sends nothing is dropped after a short timeout and
-// holds one thread at most, so a stuck or hostile client cannot close the channel to others.
+// holds one thread at most, so a stuck or hostile client cannot close the channel to others. A
+// connection that opens with a heartbeat is kept for the worker's later ones (heartbeat_lane.h).
 
 #include <atomic>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "daemon/daemon_core.h"
+#include "daemon/kvtierd/heartbeat_lane.h"
 #include "edge/memory_channel.h"
 
 namespace kvtier::daemon {
@@ -24,19 +26,23 @@ class ChannelServer {
   using LogFn = std::function<void(const std::string&)>;
   // `listener` is a listening SOCK_SEQPACKET socket; `core` must outlive this.
   static constexpr int kThreads = 4;
-  ChannelServer(edge::UniqueFd listener, DaemonCore* core, LogFn log_debug);
+  // `log_info` and `log_warning` serve the heartbeat lane (heartbeat_lane.h); `log_debug` the
+  // rest.
+  ChannelServer(edge::UniqueFd listener, DaemonCore* core, HeartbeatLaneOptions heartbeats,
+                LogFn log_info, LogFn log_warning, LogFn log_debug);
   ~ChannelServer();
   ChannelServer(const ChannelServer&) = delete;
   ChannelServer& operator=(const ChannelServer&) = delete;
 
  private:
   void Loop();
-  void Serve(int connection);
+  void Serve(edge::UniqueFd connection);
 
   edge::UniqueFd listener_;
   DaemonCore* const core_;
   const LogFn log_debug_;
   edge::UniqueFd wake_read_, wake_write_;  // a pipe that interrupts poll() at shutdown
+  HeartbeatLane heartbeats_;               // outlives the threads that hand it connections
   std::vector<std::thread> threads_;
 };
 

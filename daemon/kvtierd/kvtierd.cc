@@ -262,7 +262,11 @@ int Serve(const Flags& flags, DaemonConfig config) {
     return 1;
   }
   auto channel_server = std::make_unique<ChannelServer>(
-      *std::move(channel), core->get(), [&log](const std::string& m) { log.Debug(m); });
+      *std::move(channel), core->get(),
+      HeartbeatLaneOptions{.realtime_priority = config.server.heartbeat_priority},
+      [&log](const std::string& m) { log.Info(m); },
+      [&log](const std::string& m) { log.Warning(m); },
+      [&log](const std::string& m) { log.Debug(m); });
   KvTierService service(core->get(), config.policy, config.server.policy_threads);
   grpc::ServerBuilder builder;
   // Never share a TCP port with another process (a second daemon must fail, not split load).

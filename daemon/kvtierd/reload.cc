@@ -71,6 +71,8 @@ ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh
   later.Number("server.policy_threads", running.server.policy_threads, fresh.server.policy_threads);
   later.Millis("server.unread_timeout_ms", running.server.unread_timeout,
                fresh.server.unread_timeout);
+  later.Number("server.heartbeat_priority", running.server.heartbeat_priority,
+               fresh.server.heartbeat_priority);
   later.Number("pools.ddr_mib", a.ddr_pool_bytes >> 20, b.ddr_pool_bytes >> 20);
   later.Number("pools.compressed_mib", a.compressed_pool_bytes >> 20,
                b.compressed_pool_bytes >> 20);

@@ -33,6 +33,7 @@
 #include "kvtier/client.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "tests/integration/support/daemon_process.h"
+#include "tests/integration/support/manual_session.h"
 #include "tests/integration/support/sim_worker.h"
 
 namespace kvtier::testing {
@@ -286,28 +287,10 @@ TEST(SecurityTest, AWorkerOfAnotherUserReachesNoOtherWorkersMemory) {
 TEST(SecurityTest, TheSealedHeaderCannotBeWrittenByTheWorkerItBelongsTo) {
   auto daemon = DaemonProcess::Start({});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  ClientOptions o;
-  o.address = (*daemon)->address();
-  o.background_heartbeat = false;
-  auto* g = o.registration.mutable_geometry();
-  g->set_num_layers(2);
-  g->set_num_kv_heads(1);
-  g->set_head_dim(64);
-  g->set_element_bytes(4);
-  g->set_page_tokens(16);
-  g->set_layer_groups(1);
-  o.registration.set_t1_page_bytes(16384);
-  o.registration.set_t2_page_bytes(4608);
-  // Register by hand to keep the secret (the library keeps it private).
-  auto hello = ChannelHello(o.address);
-  ASSERT_TRUE(hello.ok()) << hello.status();
-  auto stub =
-      v1::KvTier::NewStub(grpc::CreateChannel(o.address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  v1::RegisterWorkerRequest r = o.registration;
-  r.set_channel_ticket(hello->ticket());
-  v1::RegisterWorkerResponse reg;
-  ASSERT_TRUE(stub->RegisterWorker(&ctx, r, &reg).ok());
+  // Registered by hand to keep the secret (the library keeps it private).
+  auto session = RegisterByHand((*daemon)->address());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const v1::RegisterWorkerResponse& reg = session->reg;
   v1::ChannelRequest fetch;
   fetch.mutable_fetch_extents()->set_worker_id(reg.worker_id());
   fetch.mutable_fetch_extents()->set_session_secret(reg.session_secret());
@@ -334,7 +317,7 @@ TEST(SecurityTest, TheSealedHeaderCannotBeWrittenByTheWorkerItBelongsTo) {
   fetch.mutable_fetch_extents()->set_first_extent(1000);
   auto past = edge::ChannelCall((*daemon)->socket_path() + ".mem", fetch, nullptr);
   EXPECT_NE(past.status().message().find("first_extent"), absl::string_view::npos);
-  EXPECT_TRUE(ChannelHello(o.address).ok());
+  EXPECT_TRUE(ChannelHello((*daemon)->address()).ok());
 }
 
 TEST(SecurityTest, AClientThatConnectsAndSaysNothingHoldsUpNobody) {

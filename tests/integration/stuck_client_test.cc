@@ -359,16 +359,23 @@ TEST(StuckClientTest, AFullSpeedFloodIsDroppedAgainAndAgainAndWorkersRecoverWhen
 }
 
 // gRPC's client reads nothing between calls, and kvtierd sends it a few hundred bytes after its
-// last answer, so a worker that pauses longer than server.unread_timeout_ms with heartbeats off
-// looks stuck to the kernel. Its sessions made no call in the meantime, so the guard keeps the
-// connection: the first step after the pause works. (Before, the guard dropped it and that step
-// failed with UNAVAILABLE: Broken pipe.)
-TEST(StuckClientTest, AWorkerThatPausesWithHeartbeatsOffKeepsItsConnection) {
+// last answer, so a worker that pauses longer than server.unread_timeout_ms looks stuck to the
+// kernel: with heartbeats off, or with heartbeats on the memory channel (which leave the gRPC
+// socket idle). Its sessions made no call on the socket in the meantime (a channel heartbeat
+// renews the lease but is no such call), so the guard keeps the connection: the first step after
+// the pause works. (Before, the guard dropped it and that step failed with UNAVAILABLE: Broken
+// pipe.) With heartbeats over gRPC the socket is read every 200 ms and never looks stuck.
+class PauseTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PauseTest, AWorkerThatPausesKeepsItsConnection) {
+  const bool heartbeats = GetParam();
   Daemon d = StartDaemon(/*ttl_ms=*/10'000);  // the lease outlives the pause
   ASSERT_NE(d.process, nullptr);
   const pid_t worker = fork();
   if (worker == 0) {
-    auto w = SimWorker::Connect({.address = d.process->address(), .background_heartbeat = false});
+    auto w = SimWorker::Connect({.address = d.process->address(),
+                                 .background_heartbeat = heartbeats,
+                                 .heartbeat_over_channel = true});
     absl::Status s = w.ok() ? absl::OkStatus() : w.status();
     absl::StatusOr<int> seq = s.ok() ? (*w)->Open() : s;
     for (int step = 0; step < 6 && seq.ok() && s.ok(); ++step) {
@@ -386,7 +393,17 @@ TEST(StuckClientTest, AWorkerThatPausesWithHeartbeatsOffKeepsItsConnection) {
   EXPECT_EQ(d.process->Log().find(absl::StrCat("peer stopped reading: pid ", worker, " ")),
             std::string::npos)
       << d.process->Log();
+  if (heartbeats) {
+    // They did go over the channel (the lane says so when it keeps a connection).
+    EXPECT_NE(
+        d.process->Log().find(absl::StrCat("heartbeat lane: keeps a connection of pid ", worker)),
+        std::string::npos)
+        << d.process->Log();
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Heartbeats, PauseTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "OnTheChannel" : "Off"; });
 
 }  // namespace
 }  // namespace kvtier::testing

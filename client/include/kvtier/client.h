@@ -41,6 +41,10 @@ struct ClientOptions {
   v1::RegisterWorkerRequest registration;
   // Renew the lease in a background thread, and re-register when the daemon restarts.
   bool background_heartbeat = true;
+  // Heartbeats go over a connection of the memory channel that the client keeps, answered by a
+  // daemon thread of their own so that they never queue behind snapshots (docs/reliability.md);
+  // false, or a daemon that does not take them there: over gRPC like every other call.
+  bool heartbeat_over_channel = true;
   // The CUDA driver loaded (at run time) when the daemon offers CUDA VMM pools. A worker that
   // cannot load it or import the daemon's memory registers again asking for memfd pools
   // (registration.pool_memory = POOL_MEMORY_CUDA_VMM makes that an error instead).

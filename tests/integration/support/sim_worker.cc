@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<SimWorker>> SimWorker::Connect(const SimWorkerOpt
   client.address = options.address;
   client.rpc_deadline = absl::Seconds(5);
   client.background_heartbeat = options.background_heartbeat;
+  client.heartbeat_over_channel = options.heartbeat_over_channel;
   client.cuda_library = options.cuda_library;
   v1::RegisterWorkerRequest& r = client.registration;
   r.set_worker_name(absl::StrCat(options.name, "-", getpid()));

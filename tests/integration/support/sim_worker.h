@@ -29,6 +29,7 @@ struct SimWorkerOptions {
   uint64_t prompt_tokens = 64;
   uint64_t seed = 1;
   bool background_heartbeat = true;
+  bool heartbeat_over_channel = true;  // ClientOptions::heartbeat_over_channel
   // RegisterWorkerRequest.pool_memory (CUDA_VMM: no silent memfd fallback).
   v1::PoolMemory pool_memory = v1::POOL_MEMORY_UNSPECIFIED;
   std::string cuda_library = "libcuda.so.1";  // ClientOptions::cuda_library

@@ -30,8 +30,9 @@ struct FakeVmmDaemon {
     channel_path = channel;
     auto listener = edge::ListenChannel(channel_path, 0600, static_cast<gid_t>(-1));
     ASSERT_TRUE(listener.ok()) << listener.status();
-    server = std::make_unique<daemon::ChannelServer>(*std::move(listener), env->core.get(),
-                                                     [](const std::string&) {});
+    server = std::make_unique<daemon::ChannelServer>(
+        *std::move(listener), env->core.get(), daemon::HeartbeatLaneOptions{},
+        [](const std::string&) {}, [](const std::string&) {}, [](const std::string&) {});
   }
   ~FakeVmmDaemon() {
     server.reset();

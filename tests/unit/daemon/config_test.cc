@@ -19,6 +19,7 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->policy.name, built_in.policy.name);
   EXPECT_EQ(parsed->policy.hbm_ratio, built_in.policy.hbm_ratio);
   EXPECT_EQ(parsed->server.unread_timeout, built_in.server.unread_timeout);
+  EXPECT_EQ(parsed->server.heartbeat_priority, built_in.server.heartbeat_priority);
   EXPECT_EQ(parsed->core.pool_backend, built_in.core.pool_backend);
   EXPECT_EQ(parsed->core.numa_node, built_in.core.numa_node);
   EXPECT_EQ(parsed->core.cuda_library, built_in.core.cuda_library);
@@ -43,6 +44,7 @@ TEST(ConfigTest, ReadsEveryKindOfValue) {
 socket = "/tmp/x.sock"
 log_level = "debug"
 unread_timeout_ms = 0
+heartbeat_priority = 0
 [pools]
 ddr_mib = 64
 mode = "0600"
@@ -60,6 +62,7 @@ evict_ratio = 0.03
   EXPECT_EQ(c->server.socket_path, "/tmp/x.sock");
   EXPECT_EQ(c->server.log_level, LogLevel::kDebug);
   EXPECT_EQ(c->server.unread_timeout, absl::ZeroDuration());
+  EXPECT_EQ(c->server.heartbeat_priority, 0);
   EXPECT_EQ(c->core.ddr_pool_bytes, 64ull << 20);
   EXPECT_EQ(c->core.shm_mode, 0600u);
   EXPECT_EQ(c->core.security.allow_uids, (std::vector<uint32_t>{1000, 1001}));
@@ -106,6 +109,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
                       BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},
                       BadCase{"[server]\nunread_timeout_ms = -1\n", "server.unread_timeout_ms"},
+                      BadCase{"[server]\nheartbeat_priority = 100\n",
+                              "server.heartbeat_priority = 100"},
                       BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
 
 TEST(ConfigTest, ErrorsCarryTheLineNumber) {

@@ -88,6 +88,11 @@ TEST(SessionTest, EveryRequestWithAnotherWorkersIdsOrAWrongSecretIsDeniedAndChan
           EXPECT_TRUE(fds.empty());
           return s;
         },
+        [&] {
+          v1::HeartbeatRequest r = as(v1::HeartbeatRequest());
+          r.set_daemon_epoch(victim.registration().daemon_epoch());
+          return env.core->ChannelHeartbeat(testing::SelfPeer(), r).status();
+        },
     };
     for (auto& call : calls) {
       absl::Status s = call();
@@ -97,7 +102,7 @@ TEST(SessionTest, EveryRequestWithAnotherWorkersIdsOrAWrongSecretIsDeniedAndChan
       denied += s.code() == absl::StatusCode::kPermissionDenied;
     }
   }
-  EXPECT_EQ(denied, 7 * static_cast<int>(secrets.size()));
+  EXPECT_EQ(denied, 8 * static_cast<int>(secrets.size()));
   EXPECT_EQ(Fingerprint(env.core.get()), before);
   // Not even the lease was renewed: two more seconds and the victim is gone.
   env.clock.Advance(absl::Seconds(2));
@@ -438,6 +443,39 @@ TEST(SessionTest, SinceLastCallIsTheQuietTimeOfTheLiveSessionsOfAProcess) {
   EXPECT_FALSE(env.core->SinceLastCall(self + 1).has_value());  // another process
   env.clock.Advance(absl::Seconds(9));                          // past a's lease (10 s) too
   EXPECT_FALSE(env.core->SinceLastCall(self).has_value());
+}
+
+// A heartbeat over the memory channel renews the lease like the RPC, but is no call on the gRPC
+// socket: the unread guard must still see a worker that heartbeats there while it sends no RPC
+// as quiet (paused), not as a client that keeps calling while it reads nothing.
+TEST(SessionTest, AChannelHeartbeatRenewsTheLeaseButIsNoCallOnTheSocket) {
+  Env env;  // lease 10 s
+  const pid_t self = getpid();
+  SimWorker a(env.core.get());
+  v1::HeartbeatRequest hb = a.Signed(v1::HeartbeatRequest());
+  hb.set_daemon_epoch(a.registration().daemon_epoch());
+  env.clock.Advance(absl::Seconds(8));
+  auto reply = env.core->ChannelHeartbeat(testing::SelfPeer(), hb);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->has_heartbeat());
+  EXPECT_EQ(reply->heartbeat().lease_ttl_ms(), 10000u);
+  EXPECT_EQ(env.core->SinceLastCall(self), absl::Seconds(8));  // not a call on the socket
+  env.clock.Advance(absl::Seconds(8));  // 16 s since registering, 8 since the channel heartbeat
+  EXPECT_EQ(env.core->ReapExpired(), 0);
+  EXPECT_TRUE(env.core->Heartbeat(hb).ok());  // the lease lived on: the RPC renews it too
+  EXPECT_EQ(env.core->SinceLastCall(self), absl::ZeroDuration());
+
+  // The kernel's uid must be the one that registered the worker, whatever the message says.
+  edge::PeerCredentials other = testing::SelfPeer();
+  other.uid += 1;
+  auto denied = env.core->ChannelHeartbeat(other, hb);
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(denied.status().message().find("registered as uid"), absl::string_view::npos);
+  // A stale epoch is the restarted daemon's answer, as over gRPC.
+  hb.set_daemon_epoch(hb.daemon_epoch() + 1);
+  auto stale = env.core->ChannelHeartbeat(testing::SelfPeer(), hb);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.status().message().find("register again"), absl::string_view::npos);
 }
 
 }  // namespace

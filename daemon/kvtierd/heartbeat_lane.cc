@@ -1,0 +1,176 @@
+#include "daemon/kvtierd/heartbeat_lane.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::daemon {
+namespace {
+
+v1::ChannelReply ErrorReply(const absl::Status& s) {
+  v1::ChannelReply reply;
+  reply.set_code(static_cast<int>(s.code()));
+  reply.set_message(std::string(s.message()));
+  return reply;
+}
+
+// Sends without waiting: a peer whose queue is full has stopped reading and is dropped.
+bool SendNow(int fd, const v1::ChannelReply& reply) {
+  return edge::SendMessage(fd, reply, {}).ok();
+}
+
+}  // namespace
+
+HeartbeatLane::HeartbeatLane(DaemonCore* core, HeartbeatLaneOptions options, LogFn log_info,
+                             LogFn log_warning)
+    : core_(core),
+      options_(options),
+      log_info_(std::move(log_info)),
+      log_warning_(std::move(log_warning)),
+      epoll_(epoll_create1(EPOLL_CLOEXEC)) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) == 0) {
+    wake_read_.Reset(fds[0]);
+    wake_write_.Reset(fds[1]);
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_read_.get();
+  epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_read_.get(), &ev);
+  thread_ = std::thread([this] { Loop(); });
+  if (options_.realtime_priority > 0) {
+    sched_param param{};
+    param.sched_priority = options_.realtime_priority;
+    const int err = pthread_setschedparam(thread_.native_handle(), SCHED_FIFO, &param);
+    log_info_(err == 0
+                  ? absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority)
+                  : absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority,
+                                 " refused (", std::strerror(err),
+                                 "; systemd: LimitRTPRIO=); it runs at the default policy"));
+  }
+}
+
+HeartbeatLane::~HeartbeatLane() {
+  if (wake_write_.valid()) (void)!write(wake_write_.get(), "x", 1);
+  thread_.join();
+}
+
+int HeartbeatLane::connections() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(connections_.size());
+}
+
+void HeartbeatLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials& peer,
+                          const v1::HeartbeatRequest& first) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+      (void)SendNow(connection.get(), ErrorReply(absl::ResourceExhaustedError(absl::StrCat(
+                                          "the daemon keeps ", options_.max_connections,
+                                          " heartbeat connections already; heartbeat over gRPC"))));
+      return;
+    }
+  }
+  if (!Answer(connection.get(), peer, first)) return;
+  const int fd = connection.get();
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  auto c = std::make_unique<Connection>();
+  c->fd = std::move(connection);
+  c->peer = peer;
+  c->refilled = absl::Now();
+  size_t kept = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return;  // closes with `c`
+    connections_.emplace(fd, std::move(c));
+    kept = connections_.size();
+  }
+  log_info_(absl::StrCat("heartbeat lane: keeps a connection of pid ", peer.pid, " (uid ", peer.uid,
+                         "; ", kept, " kept)"));
+}
+
+bool HeartbeatLane::Answer(int fd, const edge::PeerCredentials& peer,
+                           const v1::HeartbeatRequest& request) {
+  absl::StatusOr<v1::ChannelReply> reply = core_->ChannelHeartbeat(peer, request);
+  if (!reply.ok()) {
+    (void)SendNow(fd, ErrorReply(reply.status()));
+    // A lease that ran out or a restarted daemon keeps the connection: the worker registers
+    // again and heartbeats on it. A session it may not speak for ends it.
+    if (reply.status().code() == absl::StatusCode::kPermissionDenied) {
+      log_warning_(absl::StrCat("heartbeat lane: pid ", peer.pid, ": ", reply.status().message()));
+      return false;
+    }
+    return true;
+  }
+  if (SendNow(fd, *reply)) return true;
+  log_warning_(
+      absl::StrCat("heartbeat lane: dropped pid ", peer.pid,
+                   ": its answer could not be sent (left unread, or the connection closed)"));
+  return false;
+}
+
+void HeartbeatLane::Loop() {
+  epoll_event events[64];
+  for (;;) {
+    const int n = epoll_wait(epoll_.get(), events, 64, -1);
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_read_.get()) return;
+      Connection* c = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = connections_.find(fd);
+        if (it != connections_.end()) c = it->second.get();
+      }
+      if (c != nullptr && !Serve(*c)) Drop(fd);
+    }
+  }
+}
+
+bool HeartbeatLane::Serve(Connection& c) {
+  v1::ChannelRequest request;
+  absl::StatusOr<std::vector<edge::UniqueFd>> sent = edge::ReceiveMessage(c.fd.get(), &request);
+  if (!sent.ok()) {
+    // Woken with nothing to read: keep it. Closed, or a datagram that is no request: drop it.
+    return sent.status().code() == absl::StatusCode::kDeadlineExceeded;
+  }
+  if (request.op_case() != v1::ChannelRequest::kHeartbeat) {
+    (void)SendNow(c.fd.get(), ErrorReply(absl::InvalidArgumentError(
+                                  "a kept channel connection carries heartbeats only")));
+    return false;
+  }
+  const absl::Time now = absl::Now();
+  c.tokens = std::min<double>(
+      kBurst, c.tokens + absl::ToDoubleSeconds(now - c.refilled) * kMaxBeatsPerSecond);
+  c.refilled = now;
+  if (c.tokens < 1) {
+    (void)SendNow(c.fd.get(), ErrorReply(absl::ResourceExhaustedError(absl::StrCat(
+                                  "heartbeats faster than ", kMaxBeatsPerSecond, " a second"))));
+    log_warning_(absl::StrCat("heartbeat lane: dropped pid ", c.peer.pid, ": too many heartbeats"));
+    return false;
+  }
+  c.tokens -= 1;
+  return Answer(c.fd.get(), c.peer, request.heartbeat());
+}
+
+void HeartbeatLane::Drop(int fd) {
+  std::unique_ptr<Connection> gone;
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(fd);
+  if (it == connections_.end()) return;
+  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  gone = std::move(it->second);
+  connections_.erase(it);
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,158 @@
+// Heartbeats on kept connections of the memory channel (daemon/kvtierd/heartbeat_lane.h), against
+// the real kvtierd: the lease lives on them alone, and a connection that misbehaves (a secret
+// that does not match, another request, a flood, a client that stops reading) is dropped alone
+// while the other workers' heartbeats go on being answered.
+
+#include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+
+#include "absl/strings/str_cat.h"
+#include "edge/memory_channel.h"
+#include "gtest/gtest.h"
+#include "tests/integration/support/daemon_process.h"
+#include "tests/integration/support/manual_session.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr int kTtlMs = 1000;
+
+std::unique_ptr<DaemonProcess> StartDaemon() {
+  auto d = DaemonProcess::Start(
+      {.config_text = absl::StrCat("[server]\nreap_interval_ms = 50\n[leases]\nttl_ms = ", kTtlMs,
+                                   "\nheartbeat_ms = 300\n")});
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *std::move(d) : nullptr;
+}
+
+// A worker registered by hand, so that the test holds its secret (the library keeps it private).
+absl::StatusOr<ManualSession> Register(const DaemonProcess& d) {
+  return RegisterByHand(d.address());
+}
+
+edge::UniqueFd Connect(const DaemonProcess& d) {
+  auto fd = edge::ConnectChannel(edge::ChannelPathFor(d.socket_path()), absl::Seconds(2));
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  return fd.ok() ? *std::move(fd) : edge::UniqueFd();
+}
+
+absl::StatusOr<v1::ChannelReply> Beat(int fd, const v1::HeartbeatRequest& beat) {
+  v1::ChannelRequest r;
+  *r.mutable_heartbeat() = beat;
+  return edge::ChannelExchange(fd, r, nullptr);
+}
+
+// True once the daemon has closed `fd`: a heartbeat on it gets no answer.
+bool Closed(int fd, const v1::HeartbeatRequest& beat) {
+  absl::StatusOr<v1::ChannelReply> r = Beat(fd, beat);
+  return !r.ok() && r.status().code() == absl::StatusCode::kUnavailable;
+}
+
+TEST(HeartbeatLaneTest, AKeptConnectionAloneKeepsTheLease) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto s = Register(*d);
+  ASSERT_TRUE(s.ok()) << s.status();
+  edge::UniqueFd fd = Connect(*d);
+  // Three lease TTLs on heartbeats over one connection, and no RPC at all.
+  for (int i = 0; i < 30; ++i) {
+    auto reply = Beat(fd.get(), s->Heartbeat());
+    ASSERT_TRUE(reply.ok()) << "heartbeat " << i << ": " << reply.status();
+    ASSERT_TRUE(reply->has_heartbeat());
+    EXPECT_EQ(reply->heartbeat().lease_ttl_ms(), static_cast<uint64_t>(kTtlMs));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  grpc::ClientContext ctx;
+  v1::HeartbeatResponse over_grpc;
+  EXPECT_TRUE(s->stub->Heartbeat(&ctx, s->Heartbeat(), &over_grpc).ok()) << "the lease ran out";
+  EXPECT_TRUE(d->WaitForLog(absl::StrCat("heartbeat lane: keeps a connection of pid ", getpid(),
+                                         " (uid ", getuid(), "; 1 kept)")))
+      << d->Log();
+  // Once the lease is gone the connection stays, and says so: the worker registers again.
+  absl::SleepFor(absl::Milliseconds(kTtlMs + 300));
+  auto gone = Beat(fd.get(), s->Heartbeat());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition) << gone.status();
+  EXPECT_NE(gone.status().message().find("register again"), absl::string_view::npos);
+  auto again = Register(*d);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(Beat(fd.get(), again->Heartbeat()).ok());
+}
+
+TEST(HeartbeatLaneTest, AConnectionThatMisbehavesIsDroppedAloneWithAClearAnswer) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto good = Register(*d);
+  auto other = Register(*d);
+  ASSERT_TRUE(good.ok() && other.ok());
+  edge::UniqueFd kept = Connect(*d);
+  ASSERT_TRUE(Beat(kept.get(), good->Heartbeat()).ok());
+
+  // Another worker's secret: denied, not kept.
+  {
+    edge::UniqueFd fd = Connect(*d);
+    v1::HeartbeatRequest stolen = other->Heartbeat();
+    stolen.set_session_secret(good->reg.session_secret());
+    auto r = Beat(fd.get(), stolen);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+    EXPECT_NE(r.status().message().find("session_secret"), absl::string_view::npos);
+    EXPECT_TRUE(Closed(fd.get(), other->Heartbeat()));
+  }
+  // Anything but a heartbeat on a kept connection.
+  {
+    edge::UniqueFd fd = Connect(*d);
+    ASSERT_TRUE(Beat(fd.get(), other->Heartbeat()).ok());
+    v1::ChannelRequest hello;
+    hello.mutable_hello();
+    auto r = edge::ChannelExchange(fd.get(), hello, nullptr);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("heartbeats only"), absl::string_view::npos);
+    EXPECT_TRUE(Closed(fd.get(), other->Heartbeat()));
+  }
+  // Heartbeats back to back, far above 1,000 a second: refused once the burst is spent.
+  {
+    edge::UniqueFd fd = Connect(*d);
+    absl::Status last;
+    int answered = 0;
+    for (int i = 0; i < 2000 && last.ok(); ++i) {
+      last = Beat(fd.get(), other->Heartbeat()).status();
+      answered += last.ok();
+    }
+    EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+    EXPECT_NE(last.message().find("faster than 1000 a second"), absl::string_view::npos) << last;
+    EXPECT_GE(answered, 32);  // the burst
+    EXPECT_TRUE(Closed(fd.get(), other->Heartbeat()));
+    EXPECT_TRUE(d->WaitForLog("too many heartbeats")) << d->Log();
+  }
+  // The well-behaved connection was answered throughout.
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(Beat(kept.get(), good->Heartbeat()).ok());
+}
+
+TEST(HeartbeatLaneTest, AClientThatStopsReadingIsDropped) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto s = Register(*d);
+  ASSERT_TRUE(s.ok()) << s.status();
+  edge::UniqueFd fd = Connect(*d);
+  ASSERT_TRUE(Beat(fd.get(), s->Heartbeat()).ok());
+  // Heartbeats at 500 a second, within the rate, whose answers are never read: the daemon's
+  // queue to this client fills and it lets the connection go.
+  v1::ChannelRequest r;
+  *r.mutable_heartbeat() = s->Heartbeat();
+  int sent = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline && edge::SendMessage(fd.get(), r, {}).ok()) {
+    ++sent;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_LT(absl::Now(), deadline) << "still served after " << sent << " unread answers";
+  EXPECT_GT(sent, 10);
+  EXPECT_TRUE(d->WaitForLog(
+      absl::StrCat("heartbeat lane: dropped pid ", getpid(), ": its answer could not be sent")))
+      << d->Log();
+  // The worker itself is fine: a new connection is kept again.
+  edge::UniqueFd fresh = Connect(*d);
+  EXPECT_TRUE(Beat(fresh.get(), s->Heartbeat()).ok());
+}
+
+}  // namespace
+}  // namespace kvtier::testing
