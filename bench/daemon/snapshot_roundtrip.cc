@@ -2,11 +2,13 @@
 // kvtierd's unix socket, with real worker clients.
 //
 // Open loop: W workers each offer one request every --period-ms, each from its own random
-// phase; reports p50/p99 latency. Closed loop: the same workers send back to back; reports the
-// rate. Each load is run three ways: GetStatus (an empty RPC over the same socket: the baseline,
-// measured under the same load in the same run), 2K-page snapshots acknowledged with AckPlan
-// (two round trips a plan), and snapshots carrying the acknowledgement of the sequence's
-// previous plan (applied_plan_version: one round trip). Also reports the daemon's memory.
+// phase; reports p50/p99 latency over --seconds after --warmup-seconds of the same load (a fresh
+// sequence's first plans demote most of its pages at once: their p99 is the last column). Closed
+// loop: the same workers send back to back; reports the rate. Each load is run three ways:
+// GetStatus (an empty RPC over the same socket: the baseline, measured under the same load in the
+// same run), 2K-page snapshots acknowledged with AckPlan (two round trips a plan), and snapshots
+// carrying the acknowledgement of the sequence's previous plan (applied_plan_version: one round
+// trip). Also reports the daemon's memory.
 //
 // Beside every closed-loop run two more clients send a heartbeat every --heartbeat-ms, one over
 // the memory channel's kept connection (the client's default, answered by the daemon's heartbeat
@@ -18,6 +20,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -45,7 +48,8 @@ namespace {
 struct Sample {
   std::vector<double> latencies_us;
   uint64_t plans = 0;
-  uint64_t degraded = 0;  // plans the pools were short for
+  uint64_t degraded = 0;          // plans the pools were short for
+  std::vector<double> warmup_us;  // before the measured window (not counted above)
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -99,8 +103,10 @@ const char* RequestName(Request r) {
   return "";
 }
 
+// Latencies of requests sent before `measure_from` go to out->warmup_us only.
 void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Duration period,
-               absl::Time stop, Sample* out, int seed, bool stable, Request request) {
+               absl::Time measure_from, absl::Time stop, Sample* out, int seed, bool stable,
+               Request request) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(0, 1);
   // Per-step noise from xorshift, not mt19937: the clients share the daemon's two cores, so
@@ -142,8 +148,13 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     if (request == Request::kGetStatus) {
       absl::Time t0 = absl::Now();
       if (client->GetStatus(false, false).ok()) {
-        out->latencies_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
-        ++out->plans;
+        const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+        if (t0 < measure_from) {
+          out->warmup_us.push_back(us);
+        } else {
+          out->latencies_us.push_back(us);
+          ++out->plans;
+        }
       }
       pace();
       continue;
@@ -169,9 +180,13 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     } else if (!client->AckPlan(s.id, plan->plan_version(), true).ok()) {
       continue;
     }
-    out->latencies_us.push_back(latency_us);
-    ++out->plans;
-    out->degraded += plan->degraded();
+    if (t0 < measure_from) {
+      out->warmup_us.push_back(latency_us);
+    } else {
+      out->latencies_us.push_back(latency_us);
+      ++out->plans;
+      out->degraded += plan->degraded();
+    }
     s.tiers = plan->target_tiers();
     s.acked = plan->plan_version();
     pace();
@@ -254,15 +269,47 @@ struct Probers {
   int priority = 0;                      // SCHED_FIFO priority of the probing threads; 0 = none
 };
 
-// `probers` (may be empty) send heartbeats every `beat` meanwhile.
-Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequences, uint32_t pages,
-           absl::Duration period, absl::Duration length, bool stable, Request request,
+// Workers as processes of their own, as on a real host (each with its own gRPC poller and
+// threads): this program again in its --worker-of mode; samples come back in their output files.
+struct WorkerProcesses {
+  std::string self, address, dir;
+  int count = 0;
+  std::vector<std::string> load_flags;  // --pages, --sequences, --scores
+};
+
+// A finished worker process's output: "plans degraded", then a latency (us) a line, "w "
+// before those of the warm-up.
+Sample ReadSample(const std::string& path) {
+  Sample out;
+  std::ifstream in(path);
+  in >> out.plans >> out.degraded;
+  for (std::string word; in >> word;) {
+    if (word == "w" && in >> word) {
+      out.warmup_us.push_back(std::stod(word));
+    } else {
+      out.latencies_us.push_back(std::stod(word));
+    }
+  }
+  return out;
+}
+
+// The workers load the daemon for `warmup` + `length`: `clients` as threads of this process, or,
+// when `processes` is set, its processes. `probers` (may be empty) send heartbeats every `beat`
+// over `length`.
+Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients,
+           const WorkerProcesses* processes, int sequences, uint32_t pages, absl::Duration period,
+           absl::Duration warmup, absl::Duration length, bool stable, Request request,
            const Probers& probers = {}) {
-  std::vector<Sample> samples(clients.size());
+  const int n = processes != nullptr ? processes->count : static_cast<int>(clients.size());
+  std::vector<Sample> samples(n);
   std::vector<std::thread> threads;
-  absl::Time stop = absl::Now() + length;
+  // Processes register first: the load starts once they all can have.
+  const absl::Time start =
+      absl::Now() + (processes != nullptr ? absl::Seconds(2) : absl::ZeroDuration());
+  const absl::Time measure_from = start + warmup;
+  const absl::Time stop = measure_from + length;
   for (size_t i = 0; i < probers.clients.size(); ++i) {
-    threads.emplace_back([&probers, i, stop] {
+    threads.emplace_back([&probers, i, measure_from, stop] {
       if (probers.priority > 0) {
         sched_param param{};
         param.sched_priority = probers.priority;
@@ -270,12 +317,43 @@ Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequen
           std::fprintf(stderr, "--prober-priority: SCHED_FIFO refused\n");
         }
       }
+      absl::SleepFor(measure_from - absl::Now());
       (*probers.beats)[i] = Heartbeats(probers.clients[i], probers.beat, stop);
     });
   }
-  for (size_t w = 0; w < clients.size(); ++w) {
-    threads.emplace_back(RunWorker, clients[w].get(), sequences, pages, period, stop, &samples[w],
-                         static_cast<int>(w), stable, request);
+  std::vector<pid_t> children;
+  for (int w = 0; w < n; ++w) {
+    if (processes == nullptr) {
+      threads.emplace_back(RunWorker, clients[w].get(), sequences, pages, period, measure_from,
+                           stop, &samples[w], w, stable, request);
+      continue;
+    }
+    std::vector<std::string> argv = {processes->self,
+                                     "--worker-of",
+                                     processes->address,
+                                     "--worker-index",
+                                     absl::StrCat(w),
+                                     "--worker-request",
+                                     absl::StrCat(static_cast<int>(request)),
+                                     "--worker-start-us",
+                                     absl::StrCat(absl::ToUnixMicros(start)),
+                                     "--warmup-seconds",
+                                     absl::StrCat(absl::ToDoubleSeconds(warmup)),
+                                     "--seconds",
+                                     absl::StrCat(absl::ToDoubleSeconds(length)),
+                                     "--period-ms",
+                                     absl::StrCat(absl::ToDoubleMilliseconds(period))};
+    argv.insert(argv.end(), processes->load_flags.begin(), processes->load_flags.end());
+    children.push_back(
+        testing::SpawnProgram(argv, absl::StrCat(processes->dir, "/worker-", w, ".out")));
+  }
+  for (int w = 0; w < static_cast<int>(children.size()); ++w) {
+    int status = 0;
+    waitpid(children[w], &status, 0);
+    samples[w] = ReadSample(absl::StrCat(processes->dir, "/worker-", w, ".out"));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "worker process %d failed (status %d)\n", w, status);
+    }
   }
   for (auto& t : threads) t.join();
   Sample all;
@@ -283,8 +361,25 @@ Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients, int sequen
     all.plans += s.plans;
     all.degraded += s.degraded;
     all.latencies_us.insert(all.latencies_us.end(), s.latencies_us.begin(), s.latencies_us.end());
+    all.warmup_us.insert(all.warmup_us.end(), s.warmup_us.begin(), s.warmup_us.end());
   }
   return all;
+}
+
+// --worker-of: one worker process of a --processes run; prints its sample on stdout.
+int WorkerProcessMain(const std::string& address, int index, Request request, absl::Time start,
+                      absl::Duration warmup, absl::Duration length, absl::Duration period,
+                      int sequences, uint32_t pages, bool stable) {
+  std::unique_ptr<WorkerClient> client = Connect(address, index);
+  absl::SleepFor(start - absl::Now());
+  Sample s;
+  RunWorker(client.get(), sequences, pages, period, start + warmup, start + warmup + length, &s,
+            index, stable, request);
+  std::printf("%lu %lu\n", static_cast<unsigned long>(s.plans),
+              static_cast<unsigned long>(s.degraded));
+  for (double us : s.warmup_us) std::printf("w %.1f\n", us);
+  for (double us : s.latencies_us) std::printf("%.1f\n", us);
+  return 0;
 }
 
 }  // namespace
@@ -334,7 +429,30 @@ int main(int argc, char** argv) {
                  "as a worker whose heartbeat thread may run real-time")
       ->check(CLI::Range(0, 99))
       ->capture_default_str();
+  double warmup_seconds = 1;
+  app.add_option("--warmup-seconds", warmup_seconds,
+                 "Load before each measurement, not counted (the first plans of fresh sequences "
+                 "demote most of their pages at once); its p99 is the last column")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  bool processes = false;
+  app.add_flag("--processes", processes,
+               "Each worker a process of its own, as on a real host (default: threads of this "
+               "process, which share one gRPC poller)");
+  std::string worker_of;
+  int worker_index = 0, worker_request = 0;
+  int64_t worker_start_us = 0;
+  app.add_option("--worker-of", worker_of)->group("");  // a --processes run's worker
+  app.add_option("--worker-index", worker_index)->group("");
+  app.add_option("--worker-request", worker_request)->group("");
+  app.add_option("--worker-start-us", worker_start_us)->group("");
   CLI11_PARSE(app, argc, argv);
+  if (!worker_of.empty()) {
+    return WorkerProcessMain(worker_of, worker_index, static_cast<Request>(worker_request),
+                             absl::FromUnixMicros(worker_start_us), absl::Seconds(warmup_seconds),
+                             absl::Seconds(seconds), absl::Microseconds(period_ms * 1000),
+                             sequences, pages, scores == "stable");
+  }
   const int metrics_port = *testing::FreeLoopbackPort();
   const std::string metrics = absl::StrCat("127.0.0.1:", metrics_port);
 
@@ -354,8 +472,8 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "| workers | load | request | per s | p50 us | p99 us | p50 / baseline | p99 / baseline | "
-      "degraded | daemon RSS MiB | daemon CPU us/req | in-daemon p99 us <= |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "degraded | daemon RSS MiB | daemon CPU us/req | in-daemon p99 us <= | warm-up p99 us |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const absl::Duration beat = absl::Microseconds(heartbeat_ms * 1000);
   const char* kPaths[] = {"channel", "gRPC"};
   std::vector<std::unique_ptr<WorkerClient>> probers;
@@ -369,14 +487,20 @@ int main(int argc, char** argv) {
     rest_p99.push_back(Percentile(rest.latencies_us, 0.99));
     std::printf(
         "| 0 | idle | heartbeat (%s; baseline of its rows) | %.0f | %.0f | %.0f | 1.0x | 1.0x "
-        "| - | %.1f | - | - |\n",
+        "| - | %.1f | - | - | - |\n",
         kPaths[i], rest.plans / seconds, rest_p50[i], rest_p99[i],
         RssKiB((*daemon)->pid()) / 1024.0);
   }
   for (absl::string_view w : absl::StrSplit(workers_list, ',')) {
     int n = std::stoi(std::string(w));
     std::vector<std::unique_ptr<WorkerClient>> clients;
-    for (int i = 0; i < n; ++i) clients.push_back(Connect((*daemon)->address(), i));
+    WorkerProcesses spawn{"/proc/self/exe",
+                          (*daemon)->address(),
+                          (*daemon)->dir(),
+                          n,
+                          {"--pages", absl::StrCat(pages), "--sequences", absl::StrCat(sequences),
+                           "--scores", scores}};
+    for (int i = 0; i < n && !processes; ++i) clients.push_back(Connect((*daemon)->address(), i));
     for (bool open_loop : {true, false}) {
       if (!absl::StrContains(loads, open_loop ? "open" : "closed")) continue;
       double base_p50 = 0, base_p99 = 0;
@@ -389,12 +513,13 @@ int main(int argc, char** argv) {
         }
         const double cpu0 = CpuSeconds((*daemon)->pid());
         const auto buckets0 = PlanLatencyBuckets(metrics_port);
-        Sample s = Run(clients, sequences, pages, period, absl::Seconds(seconds),
-                       scores == "stable", request, probing);
+        Sample s = Run(clients, processes ? &spawn : nullptr, sequences, pages, period,
+                       absl::Seconds(warmup_seconds), absl::Seconds(seconds), scores == "stable",
+                       request, probing);
         uint64_t beat_count = 0;
         for (const Sample& b : beats) beat_count += b.plans;
         const double cpu_us = 1e6 * (CpuSeconds((*daemon)->pid()) - cpu0) /
-                              std::max<uint64_t>(1, s.plans + beat_count);
+                              std::max<uint64_t>(1, s.plans + s.warmup_us.size() + beat_count);
         const double core_p99 =
             InDaemonQuantileUs(buckets0, PlanLatencyBuckets(metrics_port), 0.99);
         const double p50 = Percentile(s.latencies_us, 0.5), p99 = Percentile(s.latencies_us, 0.99);
@@ -402,17 +527,19 @@ int main(int argc, char** argv) {
         const std::string load =
             open_loop ? absl::StrCat("open, ", period_ms, " ms each") : "closed";
         std::printf(
-            "| %d | %s | %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.0f%% | %.1f | %.0f | %s |\n",
+            "| %d | %s | %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.0f%% | %.1f | %.0f | %s | "
+            "%.0f |\n",
             n, load.c_str(), RequestName(request), s.plans / seconds, p50, p99, p50 / base_p50,
             p99 / base_p99, 100.0 * s.degraded / std::max<uint64_t>(1, s.plans),
             RssKiB((*daemon)->pid()) / 1024.0, cpu_us,
-            request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str());
+            request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str(),
+            Percentile(s.warmup_us, 0.99));
         for (size_t i = 0; !open_loop && i < probers.size(); ++i) {
           const double b50 = Percentile(beats[i].latencies_us, 0.5);
           const double b99 = Percentile(beats[i].latencies_us, 0.99);
           std::printf(
               "| %d | %s | heartbeat (%s) beside %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | - | "
-              "- | - | - |\n",
+              "- | - | - | - |\n",
               n, load.c_str(), kPaths[i], RequestName(request), beats[i].plans / seconds, b50, b99,
               b50 / rest_p50[i], b99 / rest_p99[i]);
         }
