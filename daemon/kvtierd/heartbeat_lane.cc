@@ -28,6 +28,17 @@ bool SendNow(int fd, const v1::ChannelReply& reply) {
 
 }  // namespace
 
+bool PriorityValve::Count(absl::Time now) {
+  if (now - window_start_ >= window_) {
+    // The window that ended decides the next one; a whole window with no heartbeat is quiet.
+    allowed_ = count_ <= max_per_window_ || now - window_start_ >= 2 * window_;
+    window_start_ = now;
+    count_ = 0;
+  }
+  if (++count_ > max_per_window_) allowed_ = false;
+  return allowed_;
+}
+
 HeartbeatLane::HeartbeatLane(DaemonCore* core, HeartbeatLaneOptions options, LogFn log_info,
                              LogFn log_warning)
     : core_(core),
@@ -49,6 +60,7 @@ HeartbeatLane::HeartbeatLane(DaemonCore* core, HeartbeatLaneOptions options, Log
     sched_param param{};
     param.sched_priority = options_.realtime_priority;
     const int err = pthread_setschedparam(thread_.native_handle(), SCHED_FIFO, &param);
+    realtime_ = err == 0;  // before the thread can read it: it reads it only after a heartbeat
     log_info_(err == 0
                   ? absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority)
                   : absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority,
@@ -160,7 +172,24 @@ bool HeartbeatLane::Serve(Connection& c) {
     return false;
   }
   c.tokens -= 1;
+  Throttle(now);
   return Answer(c.fd.get(), c.peer, request.heartbeat());
+}
+
+void HeartbeatLane::Throttle(absl::Time now) {
+  if (options_.realtime_priority <= 0) return;
+  const bool allowed = valve_.Count(now);
+  if (allowed == realtime_) return;
+  sched_param param{};
+  param.sched_priority = allowed ? options_.realtime_priority : 0;
+  if (pthread_setschedparam(pthread_self(), allowed ? SCHED_FIFO : SCHED_OTHER, &param) != 0) {
+    return;
+  }
+  realtime_ = allowed;
+  log_warning_(allowed ? "heartbeat lane: back to SCHED_FIFO (heartbeats under the cap again)"
+                       : absl::StrCat("heartbeat lane: over ", kMaxLaneBeatsPerSecond,
+                                      " heartbeats a second from all connections together; "
+                                      "SCHED_FIFO given up until they slow down"));
 }
 
 void HeartbeatLane::Drop(int fd) {

@@ -9,11 +9,14 @@
 // short call into the core: nothing queues them behind a snapshot. Optionally the thread runs at
 // a real-time priority (SCHED_FIFO), so the host's scheduler does not queue it behind the
 // workers either; a connection may send at most kMaxBeatsPerSecond (a burst of kBurst), so that
-// priority cannot be turned into a busy core by a client that floods it.
+// priority cannot be turned into a busy core by a client that floods it, and the lane gives the
+// priority up while all connections together send more than kMaxLaneBeatsPerSecond.
 //
 // A connection is dropped when its peer closes it, sends anything but a heartbeat, sends too
 // fast, leaves an answer unread (its queue is full), or speaks for a worker of another uid.
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <thread>
@@ -27,6 +30,27 @@
 
 namespace kvtier::daemon {
 
+// Lane-wide, the real-time priority is lent to heartbeats while they stay under
+// `max_per_second` together: many connections, each within its own rate, could otherwise keep a
+// core busy at that priority. Past the cap the lane gives the priority up until a whole window
+// passes under it. Not thread-safe (the lane's thread owns it).
+class PriorityValve {
+ public:
+  explicit PriorityValve(int max_per_second, absl::Duration window = absl::Milliseconds(100))
+      : max_per_window_(std::max<int64_t>(1, max_per_second * absl::ToDoubleSeconds(window))),
+        window_(window) {}
+
+  // Counts one heartbeat answered at `now`; true while the lane may keep its priority.
+  bool Count(absl::Time now);
+
+ private:
+  const int64_t max_per_window_;
+  const absl::Duration window_;
+  absl::Time window_start_ = absl::InfinitePast();
+  int64_t count_ = 0;
+  bool allowed_ = true;
+};
+
 struct HeartbeatLaneOptions {
   int max_connections = 1024;  // kept connections; past it a worker heartbeats over gRPC
   int realtime_priority = 0;   // SCHED_FIFO priority of the lane's thread; 0 = the default policy
@@ -37,8 +61,10 @@ struct HeartbeatLaneOptions {
 class HeartbeatLane {
  public:
   using LogFn = std::function<void(const std::string&)>;
-  static constexpr int kMaxBeatsPerSecond = 1000;
+  static constexpr int kMaxBeatsPerSecond = 1000;  // per connection
   static constexpr int kBurst = 32;
+  // All connections together, for the real-time priority (PriorityValve): some 10% of a core.
+  static constexpr int kMaxLaneBeatsPerSecond = 5000;
 
   // `core` must outlive this. `log_info` hears of the thread's priority and of each connection
   // kept, `log_warning` of each one dropped for what its peer did.
@@ -69,6 +95,8 @@ class HeartbeatLane {
   // Answers one heartbeat; false when the connection must go.
   bool Answer(int fd, const edge::PeerCredentials& peer, const v1::HeartbeatRequest& request);
   void Drop(int fd);
+  // Gives up or takes back the real-time priority as the valve says.
+  void Throttle(absl::Time now);
 
   DaemonCore* const core_;
   const HeartbeatLaneOptions options_;
@@ -79,6 +107,9 @@ class HeartbeatLane {
   // entry without the lock while it serves it.
   absl::flat_hash_map<int, std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
+  // The lane's thread's own.
+  PriorityValve valve_{kMaxLaneBeatsPerSecond};
+  bool realtime_ = false;  // the thread runs at options_.realtime_priority now
 };
 
 }  // namespace kvtier::daemon
