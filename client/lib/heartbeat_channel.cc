@@ -38,8 +38,8 @@ std::optional<absl::Status> HeartbeatChannel::Beat(const v1::HeartbeatRequest& r
     declined_ = code != absl::StatusCode::kResourceExhausted;
     return std::nullopt;
   }
-  // The daemon closes the connection after a session it may not speak for.
-  if (code == absl::StatusCode::kPermissionDenied) fd_.Reset();
+  // The daemon closes the connection after any heartbeat it refused.
+  fd_.Reset();
   return absl::Status(reply.code() > 0 && reply.code() <= 16 ? code : absl::StatusCode::kInternal,
                       reply.message());
 }

@@ -90,7 +90,7 @@ void HeartbeatLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials
       return;
     }
   }
-  if (!Answer(connection.get(), peer, first)) return;
+  if (!Answer(connection.get(), peer, first)) return;  // kept only once the core accepted one
   const int fd = connection.get();
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   auto c = std::make_unique<Connection>();
@@ -115,14 +115,13 @@ bool HeartbeatLane::Answer(int fd, const edge::PeerCredentials& peer,
                            const v1::HeartbeatRequest& request) {
   absl::StatusOr<v1::ChannelReply> reply = core_->ChannelHeartbeat(peer, request);
   if (!reply.ok()) {
+    // A refused heartbeat ends the connection: a lost lease or a restarted daemon (the worker
+    // registers again and connects anew), or a session it may not speak for.
     (void)SendNow(fd, ErrorReply(reply.status()));
-    // A lease that ran out or a restarted daemon keeps the connection: the worker registers
-    // again and heartbeats on it. A session it may not speak for ends it.
     if (reply.status().code() == absl::StatusCode::kPermissionDenied) {
       log_warning_(absl::StrCat("heartbeat lane: pid ", peer.pid, ": ", reply.status().message()));
-      return false;
     }
-    return true;
+    return false;
   }
   if (SendNow(fd, *reply)) return true;
   log_warning_(

@@ -12,8 +12,10 @@
 // priority cannot be turned into a busy core by a client that floods it, and the lane gives the
 // priority up while all connections together send more than kMaxLaneBeatsPerSecond.
 //
-// A connection is dropped when its peer closes it, sends anything but a heartbeat, sends too
-// fast, leaves an answer unread (its queue is full), or speaks for a worker of another uid.
+// A connection is kept once the core accepted a heartbeat on it, and dropped when its peer closes
+// it, sends anything but a heartbeat, sends too fast, leaves an answer unread (its queue is
+// full), or has a heartbeat refused (a lost lease, another daemon's epoch, a session it may not
+// speak for): the worker connects anew after registering again.
 
 #include <algorithm>
 #include <cstdint>
@@ -75,7 +77,7 @@ class HeartbeatLane {
 
   // Answers `first` on `connection` and keeps the connection for the peer's later heartbeats.
   // A heartbeat the core refuses is answered and the connection closed; so is one past
-  // max_connections (RESOURCE_EXHAUSTED: the worker keeps to gRPC).
+  // max_connections (RESOURCE_EXHAUSTED: the worker heartbeats over gRPC).
   void Adopt(edge::UniqueFd connection, const edge::PeerCredentials& peer,
              const v1::HeartbeatRequest& first);
 

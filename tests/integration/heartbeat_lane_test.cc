@@ -68,14 +68,23 @@ TEST(HeartbeatLaneTest, AKeptConnectionAloneKeepsTheLease) {
   EXPECT_TRUE(d->WaitForLog(absl::StrCat("heartbeat lane: keeps a connection of pid ", getpid(),
                                          " (uid ", getuid(), "; 1 kept)")))
       << d->Log();
-  // Once the lease is gone the connection stays, and says so: the worker registers again.
+  // Once the lease is gone the daemon says so and closes the connection; the worker registers
+  // again and connects anew.
   absl::SleepFor(absl::Milliseconds(kTtlMs + 300));
   auto gone = Beat(fd.get(), s->Heartbeat());
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition) << gone.status();
   EXPECT_NE(gone.status().message().find("register again"), absl::string_view::npos);
   auto again = Register(*d);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(Beat(fd.get(), again->Heartbeat()).ok());
+  EXPECT_TRUE(Closed(fd.get(), again->Heartbeat()));
+  edge::UniqueFd fresh = Connect(*d);
+  EXPECT_TRUE(Beat(fresh.get(), again->Heartbeat()).ok());
+  // A heartbeat for a worker the daemon never had is answered, and its connection not kept.
+  edge::UniqueFd stranger = Connect(*d);
+  v1::HeartbeatRequest unknown = again->Heartbeat();
+  unknown.set_worker_id(unknown.worker_id() + 1000);
+  EXPECT_EQ(Beat(stranger.get(), unknown).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Closed(stranger.get(), again->Heartbeat()));
 }
 
 TEST(HeartbeatLaneTest, AConnectionThatMisbehavesIsDroppedAloneWithAClearAnswer) {
