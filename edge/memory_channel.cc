@@ -160,6 +160,13 @@ absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
   return fds;
 }
 
+v1::ChannelReply ChannelErrorReply(const absl::Status& status) {
+  v1::ChannelReply reply;
+  reply.set_code(static_cast<int>(status.code()));
+  reply.set_message(std::string(status.message()));
+  return reply;
+}
+
 absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout) {
   absl::StatusOr<sockaddr_un> addr = Address(channel_path);
   if (!addr.ok()) return addr.status();

@@ -69,6 +69,9 @@ absl::Status SendMessage(int socket_fd, const google::protobuf::MessageLite& mes
 absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
                                                      google::protobuf::MessageLite* message);
 
+// Server side: the reply that carries `status` (not OK) to the caller.
+v1::ChannelReply ChannelErrorReply(const absl::Status& status);
+
 // Client side: a connection to `channel_path` whose sends and receives block at most `timeout`.
 absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout);
 // Sends `request` on a connected socket and returns the reply and its descriptors. A reply whose

@@ -8,7 +8,6 @@
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <type_traits>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
@@ -297,7 +296,8 @@ class WorkerClientImpl final : public WorkerClient {
     }
     v1::HeartbeatResponse response;
     std::optional<absl::Status> beat;
-    if (options_.heartbeat_over_channel) beat = Track(beats_.Beat(request, &response));
+    if (options_.heartbeat_over_channel) beat = beats_.Beat(request, &response);
+    if (beat) Track(*beat);
     absl::Status s = beat ? *beat : Call(&v1::KvTier::Stub::Heartbeat, request, &response);
     if (s.ok()) {
       absl::MutexLock lock(&mu_);
@@ -397,26 +397,19 @@ class WorkerClientImpl final : public WorkerClient {
       absl::MutexLock lock(&mu_);
       stub = stub_;
     }
-    return Track(edge::FromGrpcStatus(((*stub).*method)(&ctx, request, response)));
+    absl::Status s = edge::FromGrpcStatus(((*stub).*method)(&ctx, request, response));
+    Track(s);
+    return s;
   }
 
-  // Notes what a call's status says of the connection to the daemon; returns it.
-  template <typename StatusOrNot>
-  StatusOrNot Track(StatusOrNot s) {
-    const absl::Status* status = nullptr;
-    if constexpr (std::is_same_v<StatusOrNot, absl::Status>) {
-      status = &s;
-    } else if (s.has_value()) {
-      status = &*s;
-    }
-    if (status == nullptr) return s;
+  // Notes what a call's status says of the connection to the daemon.
+  void Track(const absl::Status& s) {
     absl::MutexLock lock(&mu_);
-    if (Unreachable(*status) || SessionLost(*status)) {
+    if (Unreachable(s) || SessionLost(s)) {
       connected_ = false;
-    } else if (status->ok()) {
+    } else if (s.ok()) {
       connected_ = true;
     }
-    return s;
   }
 
   absl::Duration HeartbeatInterval() const {

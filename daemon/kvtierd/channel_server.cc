@@ -15,13 +15,6 @@ namespace {
 
 constexpr absl::Duration kRequestTimeout = absl::Milliseconds(500);
 
-v1::ChannelReply ErrorReply(const absl::Status& s) {
-  v1::ChannelReply reply;
-  reply.set_code(static_cast<int>(s.code()));
-  reply.set_message(std::string(s.message()));
-  return reply;
-}
-
 }  // namespace
 
 ChannelServer::ChannelServer(edge::UniqueFd listener, DaemonCore* core,
@@ -71,7 +64,7 @@ void ChannelServer::Serve(edge::UniqueFd owned) {
   if (!peer.ok() || !sent_fds.ok()) {
     const absl::Status& s = !peer.ok() ? peer.status() : sent_fds.status();
     log_debug_(absl::StrCat("memory channel: dropped a request: ", s.message()));
-    (void)edge::SendMessage(connection, ErrorReply(s), {});
+    (void)edge::SendMessage(connection, edge::ChannelErrorReply(s), {});
     return;
   }
   // Descriptors a caller sent are never used: they close with sent_fds.
@@ -94,7 +87,7 @@ void ChannelServer::Serve(edge::UniqueFd owned) {
   if (!reply.ok()) {
     log_debug_(absl::StrCat("memory channel: uid ", peer->uid, " pid ", peer->pid, ": ",
                             reply.status().message()));
-    (void)edge::SendMessage(connection, ErrorReply(reply.status()), {});
+    (void)edge::SendMessage(connection, edge::ChannelErrorReply(reply.status()), {});
     return;
   }
   std::vector<int> raw;

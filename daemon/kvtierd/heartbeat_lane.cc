@@ -14,13 +14,6 @@
 namespace kvtier::daemon {
 namespace {
 
-v1::ChannelReply ErrorReply(const absl::Status& s) {
-  v1::ChannelReply reply;
-  reply.set_code(static_cast<int>(s.code()));
-  reply.set_message(std::string(s.message()));
-  return reply;
-}
-
 // Sends without waiting: a peer whose queue is full has stopped reading and is dropped.
 bool SendNow(int fd, const v1::ChannelReply& reply) {
   return edge::SendMessage(fd, reply, {}).ok();
@@ -84,9 +77,10 @@ void HeartbeatLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials
   {
     absl::MutexLock lock(&mu_);
     if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-      (void)SendNow(connection.get(), ErrorReply(absl::ResourceExhaustedError(absl::StrCat(
-                                          "the daemon keeps ", options_.max_connections,
-                                          " heartbeat connections already; heartbeat over gRPC"))));
+      (void)SendNow(connection.get(),
+                    edge::ChannelErrorReply(absl::ResourceExhaustedError(
+                        absl::StrCat("the daemon keeps ", options_.max_connections,
+                                     " heartbeat connections already; heartbeat over gRPC"))));
       return;
     }
   }
@@ -117,7 +111,7 @@ bool HeartbeatLane::Answer(int fd, const edge::PeerCredentials& peer,
   if (!reply.ok()) {
     // A refused heartbeat ends the connection: a lost lease or a restarted daemon (the worker
     // registers again and connects anew), or a session it may not speak for.
-    (void)SendNow(fd, ErrorReply(reply.status()));
+    (void)SendNow(fd, edge::ChannelErrorReply(reply.status()));
     if (reply.status().code() == absl::StatusCode::kPermissionDenied) {
       log_warning_(absl::StrCat("heartbeat lane: pid ", peer.pid, ": ", reply.status().message()));
     }
@@ -156,7 +150,7 @@ bool HeartbeatLane::Serve(Connection& c) {
     return sent.status().code() == absl::StatusCode::kDeadlineExceeded;
   }
   if (request.op_case() != v1::ChannelRequest::kHeartbeat) {
-    (void)SendNow(c.fd.get(), ErrorReply(absl::InvalidArgumentError(
+    (void)SendNow(c.fd.get(), edge::ChannelErrorReply(absl::InvalidArgumentError(
                                   "a kept channel connection carries heartbeats only")));
     return false;
   }
@@ -165,7 +159,7 @@ bool HeartbeatLane::Serve(Connection& c) {
       kBurst, c.tokens + absl::ToDoubleSeconds(now - c.refilled) * kMaxBeatsPerSecond);
   c.refilled = now;
   if (c.tokens < 1) {
-    (void)SendNow(c.fd.get(), ErrorReply(absl::ResourceExhaustedError(absl::StrCat(
+    (void)SendNow(c.fd.get(), edge::ChannelErrorReply(absl::ResourceExhaustedError(absl::StrCat(
                                   "heartbeats faster than ", kMaxBeatsPerSecond, " a second"))));
     log_warning_(absl::StrCat("heartbeat lane: dropped pid ", c.peer.pid, ": too many heartbeats"));
     return false;
