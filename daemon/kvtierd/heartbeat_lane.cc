@@ -67,11 +67,6 @@ HeartbeatLane::~HeartbeatLane() {
   thread_.join();
 }
 
-int HeartbeatLane::connections() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int>(connections_.size());
-}
-
 void HeartbeatLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials& peer,
                           const v1::HeartbeatRequest& first) {
   {

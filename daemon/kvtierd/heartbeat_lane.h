@@ -81,8 +81,6 @@ class HeartbeatLane {
   void Adopt(edge::UniqueFd connection, const edge::PeerCredentials& peer,
              const v1::HeartbeatRequest& first);
 
-  int connections() const;
-
  private:
   struct Connection {
     edge::UniqueFd fd;
@@ -104,7 +102,7 @@ class HeartbeatLane {
   const HeartbeatLaneOptions options_;
   const LogFn log_info_, log_warning_;
   edge::UniqueFd epoll_, wake_read_, wake_write_;
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   // Keyed by descriptor. Adopt inserts; only the lane's thread erases, so the thread may use an
   // entry without the lock while it serves it.
   absl::flat_hash_map<int, std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
