@@ -53,7 +53,8 @@ HeartbeatLane::HeartbeatLane(DaemonCore* core, HeartbeatLaneOptions options, Log
     sched_param param{};
     param.sched_priority = options_.realtime_priority;
     const int err = pthread_setschedparam(thread_.native_handle(), SCHED_FIFO, &param);
-    realtime_ = err == 0;  // before the thread can read it: it reads it only after a heartbeat
+    // Set before the thread can read them: it does only after a heartbeat.
+    granted_ = realtime_ = err == 0;
     log_info_(err == 0
                   ? absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority)
                   : absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority,
@@ -165,7 +166,7 @@ bool HeartbeatLane::Serve(Connection& c) {
 }
 
 void HeartbeatLane::Throttle(absl::Time now) {
-  if (options_.realtime_priority <= 0) return;
+  if (!granted_) return;  // never real-time: nothing to give up, and no call to repeat
   const bool allowed = valve_.Count(now);
   if (allowed == realtime_) return;
   sched_param param{};

@@ -109,7 +109,8 @@ class HeartbeatLane {
   std::thread thread_;
   // The lane's thread's own.
   PriorityValve valve_{kMaxLaneBeatsPerSecond};
-  bool realtime_ = false;  // the thread runs at options_.realtime_priority now
+  bool granted_ = false;   // the system let the thread take options_.realtime_priority
+  bool realtime_ = false;  // the thread runs at that priority now
 };
 
 }  // namespace kvtier::daemon
