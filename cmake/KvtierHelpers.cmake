@@ -51,12 +51,18 @@ function(kvtier_cc_test)
                        ENVIRONMENT "KVTIER_BUILD_DIR=${PROJECT_BINARY_DIR};${K_ENVIRONMENT}")
 endfunction()
 
-# kvtier_cc_bench(NAME n SRCS ... [DEPS ...]) declares a Google Benchmark executable.
+# kvtier_cc_bench(NAME n SRCS ... [DEPS ...] [SMOKE]) declares a Google Benchmark executable.
+#   SMOKE: ctest also runs every benchmark once, briefly (`n_runs`, label unit), so a bench
+#   that no longer works against the code it measures fails the tests rather than its next user.
 function(kvtier_cc_bench)
-  cmake_parse_arguments(K "" "NAME" "SRCS;DEPS" ${ARGN})
+  cmake_parse_arguments(K "SMOKE" "NAME" "SRCS;DEPS" ${ARGN})
   add_executable(${K_NAME} ${K_SRCS})
   target_include_directories(${K_NAME} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${K_NAME} PRIVATE ${K_DEPS} benchmark::benchmark benchmark::benchmark_main)
+  if(K_SMOKE)
+    add_test(NAME ${K_NAME}_runs COMMAND ${K_NAME} --benchmark_min_time=0.01)
+    set_tests_properties(${K_NAME}_runs PROPERTIES LABELS unit TIMEOUT 300)
+  endif()
 endfunction()
 
 # Adds every immediate subdirectory of the current one that has a CMakeLists.txt, so a new

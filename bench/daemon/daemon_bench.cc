@@ -5,15 +5,17 @@
 // Latency percentiles (thread CPU time) are reported as counters (p50_us, p99_us);
 // BM_SnapshotOverhead runs both paths interleaved and reports their p50 ratio directly.
 //
-//   ninja -C build daemon_bench && build/bench/daemon/daemon_bench
+//   ninja -C build daemon_bench && build/bin/daemon_bench
 
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/clock/clock.h"
@@ -124,9 +126,15 @@ struct CoreFixture {
     g->set_layer_groups(1);
     r.set_t1_page_bytes(8192);
     r.set_t2_page_bytes(2560);
-    worker = core->RegisterWorker(r)->worker_id();
+    // As a worker would: a ticket from the memory channel's hello, then the session's secret on
+    // every request.
+    r.set_channel_ticket(core->Hello({getuid(), getgid(), getpid(), {}})->ticket());
+    auto registered = core->RegisterWorker(r);
+    worker = registered->worker_id();
+    secret = registered->session_secret();
     v1::OpenSequenceRequest open;
     open.set_worker_id(worker);
+    open.set_session_secret(secret);
     open.set_prompt_tokens(kPrompt);
     *open.mutable_policy() = BenchPolicy();
     seq = core->OpenSequence(open)->sequence_id();
@@ -136,6 +144,7 @@ struct CoreFixture {
   double Step(const std::vector<float>& scores) {
     v1::SubmitSnapshotRequest r;
     r.set_worker_id(worker);
+    r.set_session_secret(secret);
     r.set_sequence_id(seq);
     r.set_length(kLength);
     r.set_num_pages(kPages);
@@ -148,6 +157,7 @@ struct CoreFixture {
     if (!plan.ok()) std::abort();
     v1::AckPlanRequest ack;
     ack.set_worker_id(worker);
+    ack.set_session_secret(secret);
     ack.set_sequence_id(seq);
     ack.set_plan_version(plan->plan_version());
     ack.set_applied(true);
@@ -161,7 +171,7 @@ struct CoreFixture {
   Metrics* metrics;
   std::unique_ptr<DaemonCore> core;
   uint64_t worker = 0, seq = 0, last_plan = 0, moves = 0;
-  std::string tiers;
+  std::string secret, tiers;
 };
 
 // The baseline: the same decision and diff through core/tiering alone.
@@ -198,6 +208,27 @@ void BM_SubmitSnapshot2KPages(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kPages);
 }
 BENCHMARK(BM_SubmitSnapshot2KPages)->Unit(benchmark::kMicrosecond);
+
+// Decoding-like scores, as kvtier-bench-daemon's `stable`: each page has a fixed heavy-tailed
+// importance and every step adds it with ±20% noise, so rankings drift and plans stay small.
+void BM_SubmitSnapshot2KPagesStable(benchmark::State& state) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<float> importance(kPages), scores(kPages, 0.0f);
+  for (float& v : importance) v = 1.0f / (0.01f + unit(rng));
+  CoreFixture f;
+  std::vector<double> us;
+  for (auto _ : state) {
+    for (uint32_t p = 0; p < kPages; ++p) {
+      if (f.tiers[p] != 3) scores[p] += importance[p] * (0.8f + 0.4f * unit(rng));
+    }
+    us.push_back(f.Step(scores));
+  }
+  state.counters["moves_per_plan"] = static_cast<double>(f.moves) / state.iterations();
+  Percentiles(state, us);
+  state.SetItemsProcessed(state.iterations() * kPages);
+}
+BENCHMARK(BM_SubmitSnapshot2KPagesStable)->Unit(benchmark::kMicrosecond);
 
 void BM_DecideAndPlanBaseline2KPages(benchmark::State& state) {
   auto sets = ScoreSets();
