@@ -22,6 +22,10 @@ constexpr std::array<absl::string_view, kNumMoveKinds> kMoveKindNames = {
     "offload", "compress", "promote", "decompress", "evict"};
 constexpr std::array<absl::string_view, 3> kDegradeNames = {"ddr_full", "compressed_full", "quota"};
 constexpr std::array<absl::string_view, 2> kAllocFailureNames = {"pool_full", "quota"};
+constexpr std::array<absl::string_view, 6> kDropNames = {
+    "grpc_unread",       "heartbeat_unread", "heartbeat_too_fast",
+    "heartbeat_refused", "heartbeat_misuse", "heartbeat_lane_full"};
+static_assert(kDropNames.size() == static_cast<size_t>(Metrics::ConnectionDrop::kCount));
 // Canonical codes 0..16.
 constexpr int kNumCodes = 17;
 
@@ -60,6 +64,9 @@ struct Metrics::Families {
   std::array<prometheus::Counter*, 3> degraded{};
   prometheus::Counter* protected_overflow = nullptr;
   std::array<prometheus::Counter*, 3> acks{};  // [refused, applied, abandoned]
+  std::array<prometheus::Counter*, kDropNames.size()> dropped{};
+  prometheus::Gauge* lane_connections = nullptr;
+  prometheus::Gauge* lane_realtime = nullptr;
 };
 
 Metrics::Metrics()
@@ -158,6 +165,16 @@ std::unique_ptr<Metrics> Metrics::Create() {
   f.acks[0] = &acks.Add({{"result", "refused"}});
   f.acks[1] = &acks.Add({{"result", "applied"}});
   f.acks[2] = &acks.Add({{"result", "abandoned"}});
+  auto& dropped = counter("kvtier_connections_dropped_total",
+                          "Connections kvtierd closed because of what their peer did.");
+  for (size_t i = 0; i < kDropNames.size(); ++i) {
+    f.dropped[i] = &dropped.Add({{"reason", S(kDropNames[i])}});
+  }
+  f.lane_connections =
+      &gauge("kvtier_heartbeat_lane_connections", "Connections the heartbeat lane keeps.").Add({});
+  f.lane_realtime = &gauge("kvtier_heartbeat_lane_realtime",
+                           "1 while the heartbeat lane's thread runs at SCHED_FIFO.")
+                         .Add({});
   return m;
 }
 
@@ -226,5 +243,15 @@ void Metrics::CountProtectedOverflow() { f_->protected_overflow->Increment(); }
 
 void Metrics::CountAck(bool applied) { f_->acks[applied ? 1 : 0]->Increment(); }
 void Metrics::CountAbandonedPlan() { f_->acks[2]->Increment(); }
+
+void Metrics::CountDroppedConnection(ConnectionDrop reason) {
+  f_->dropped[static_cast<int>(reason)]->Increment();
+}
+
+void Metrics::SetHeartbeatLaneConnections(uint64_t kept) {
+  f_->lane_connections->Set(static_cast<double>(kept));
+}
+
+void Metrics::SetHeartbeatLaneRealtime(bool realtime) { f_->lane_realtime->Set(realtime ? 1 : 0); }
 
 }  // namespace kvtier::daemon

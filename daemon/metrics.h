@@ -39,7 +39,16 @@
 //                                                   "compressed_full" | "quota"
 //   kvtier_plan_protected_overflow_total    counter plans whose protected pages exceed T0 budget
 //   kvtier_plan_acks_total{result}          counter acknowledgements; result = "applied" |
-//                                                   "refused"
+//                                                   "refused" | "abandoned"
+// Connections (kvtierd's edges; what each dropped connection's peer did is also logged):
+//   kvtier_connections_dropped_total{reason} counter reason = "grpc_unread" (a gRPC peer left
+//                                                   answers unread: the unread guard) |
+//                                                   "heartbeat_unread" | "heartbeat_too_fast" |
+//                                                   "heartbeat_refused" (lease lost, stale epoch,
+//                                                   another's session) | "heartbeat_misuse"
+//                                                   (not a heartbeat) | "heartbeat_lane_full"
+//   kvtier_heartbeat_lane_connections       gauge   connections the heartbeat lane keeps
+//   kvtier_heartbeat_lane_realtime          gauge   1 while the lane's thread runs at SCHED_FIFO
 
 #include <array>
 #include <cstdint>
@@ -76,6 +85,15 @@ class Metrics {
   };
   enum class DegradeReason : int { kDdrFull, kCompressedFull, kQuota, kCount };
   enum class AllocFailure : int { kPoolFull, kQuota, kCount };
+  enum class ConnectionDrop : int {
+    kGrpcUnread,
+    kHeartbeatUnread,
+    kHeartbeatTooFast,
+    kHeartbeatRefused,
+    kHeartbeatMisuse,
+    kHeartbeatLaneFull,
+    kCount
+  };
 
   static std::unique_ptr<Metrics> Create();
   ~Metrics();
@@ -100,6 +118,9 @@ class Metrics {
   void CountAck(bool applied);
   // A plan the worker never received, refused by its next snapshot (abandon_pending).
   void CountAbandonedPlan();
+  void CountDroppedConnection(ConnectionDrop reason);
+  void SetHeartbeatLaneConnections(uint64_t kept);
+  void SetHeartbeatLaneRealtime(bool realtime);
 
  private:
   Metrics();

@@ -146,11 +146,29 @@ def build():
               f"sum by (rpc) (rate(kvtier_rpc_requests_total{{{SEL}}}[{RATE}]))", "{{rpc}}")],
             "percentunit", minimum=0)
 
+    d.row("Connections")
+    d.panel("Connections dropped by reason",
+            [(f"sum by (reason) (increase(kvtier_connections_dropped_total{{{SEL}}}[{RATE}]))",
+              "{{reason}}")], "short", minimum=0,
+            description="Connections kvtierd closed because of what their peer did: a gRPC "
+                        "client that left answers unread (the unread guard), or a heartbeat-lane "
+                        "connection that left its answer unread, sent too fast, was refused (lease "
+                        "lost, another daemon's epoch, another worker's session), sent something "
+                        "else, or found the lane full. Each is also a warning in the log.")
+    d.panel("Heartbeat lane",
+            [(f"sum(kvtier_heartbeat_lane_connections{{{SEL}}})", "kept connections"),
+             (f"min(kvtier_heartbeat_lane_realtime{{{SEL}}})", "real-time (1 = SCHED_FIFO)")],
+            "short", minimum=0,
+            description="Connections the heartbeat lane keeps (one per worker that heartbeats "
+                        "over the memory channel), and 1 while its thread runs at SCHED_FIFO: 0 "
+                        "when the system refused the priority (systemd: LimitRTPRIO=) or while "
+                        "heartbeats come faster than 5,000 a second.")
+
     return {
         "title": "kvtier",
         "uid": "kvtier-node",
         "description": "kvtierd: HBM saved, tiers, pools, plans, data movement, evictions, "
-                       "workers and errors. Metric names: daemon/metrics.h.",
+                       "workers, errors and connections. Metric names: daemon/metrics.h.",
         "tags": ["kvtier"],
         "schemaVersion": 38,
         "version": 1,

@@ -16,6 +16,11 @@
 // same daemon at rest, measured in the same run: what a lease renewal waits for while the
 // workers flood the daemon.
 //
+// Every row also reports the host over its measured window: how busy its CPUs were, how much of
+// that the hypervisor took (steal), and how late a thread that sleeps 1 ms at a time woke up
+// (p99): no request can be answered sooner than its threads are woken, so that lateness is the
+// floor under every latency in the row.
+//
 //   kvtier-bench-daemon --workers 1,8,32 --pages 2048 --seconds 3
 
 #include <pthread.h>
@@ -26,6 +31,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -37,6 +43,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kvtier/client.h"
 #include "tests/integration/support/daemon_process.h"
@@ -245,6 +252,53 @@ uint64_t RssKiB(pid_t pid) {
   return 0;
 }
 
+// The host over a window: CPU time from /proc/stat and a sleeper's wake-up lateness.
+struct HostWatch {
+  double busy_pct = 0;   // CPU time not idle (iowait counts as idle), steal included
+  double steal_pct = 0;  // CPU time the hypervisor gave to others while this host wanted it
+  double late_p99_us = 0;
+};
+
+// The "cpu" line of /proc/stat: user nice system idle iowait irq softirq steal, in ticks.
+std::vector<double> CpuTicks() {
+  std::ifstream in("/proc/stat");
+  std::string line;
+  std::getline(in, line);
+  std::vector<double> ticks;
+  for (absl::string_view f : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+    double v = 0;
+    if (absl::SimpleAtod(f, &v)) ticks.push_back(v);
+  }
+  ticks.resize(8, 0);
+  return ticks;
+}
+
+// Sleeps 1 ms at a time from `from` to `stop`, measuring how late each wake-up is.
+HostWatch WatchHost(absl::Time from, absl::Time stop) {
+  absl::SleepFor(from - absl::Now());
+  const std::vector<double> t0 = CpuTicks();
+  std::vector<double> late_us;
+  auto next = std::chrono::steady_clock::now();
+  while (absl::Now() < stop) {
+    next += std::chrono::milliseconds(1);
+    std::this_thread::sleep_until(next);
+    const auto woke = std::chrono::steady_clock::now();
+    late_us.push_back(std::chrono::duration<double, std::micro>(woke - next).count());
+    if (woke - next > std::chrono::milliseconds(1)) next = woke;  // no catch-up burst
+  }
+  const std::vector<double> t1 = CpuTicks();
+  double total = 0;
+  for (size_t i = 0; i < 8; ++i) total += t1[i] - t0[i];
+  const double idle = (t1[3] - t0[3]) + (t1[4] - t0[4]);
+  HostWatch out;
+  if (total > 0) {
+    out.busy_pct = 100.0 * (total - idle) / total;
+    out.steal_pct = 100.0 * (t1[7] - t0[7]) / total;
+  }
+  out.late_p99_us = Percentile(late_us, 0.99);
+  return out;
+}
+
 // Heartbeats every `period` until `stop`: their latencies.
 Sample Heartbeats(WorkerClient* client, absl::Duration period, absl::Time stop) {
   Sample out;
@@ -299,7 +353,7 @@ Sample ReadSample(const std::string& path) {
 Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients,
            const WorkerProcesses* processes, int sequences, uint32_t pages, absl::Duration period,
            absl::Duration warmup, absl::Duration length, bool stable, Request request,
-           const Probers& probers = {}) {
+           HostWatch* host, const Probers& probers = {}) {
   const int n = processes != nullptr ? processes->count : static_cast<int>(clients.size());
   std::vector<Sample> samples(n);
   std::vector<std::thread> threads;
@@ -308,6 +362,7 @@ Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients,
       absl::Now() + (processes != nullptr ? absl::Seconds(2) : absl::ZeroDuration());
   const absl::Time measure_from = start + warmup;
   const absl::Time stop = measure_from + length;
+  threads.emplace_back([host, measure_from, stop] { *host = WatchHost(measure_from, stop); });
   for (size_t i = 0; i < probers.clients.size(); ++i) {
     threads.emplace_back([&probers, i, measure_from, stop] {
       if (probers.priority > 0) {
@@ -447,6 +502,9 @@ int main(int argc, char** argv) {
   app.add_option("--worker-request", worker_request)->group("");
   app.add_option("--worker-start-us", worker_start_us)->group("");
   CLI11_PARSE(app, argc, argv);
+  // As in kvtierd: Debian's Abseil checks every Mutex acquisition (gRPC's included) for lock-order
+  // cycles under one global lock; the clients share the daemon's cores, so they skip it too.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   if (!worker_of.empty()) {
     return WorkerProcessMain(worker_of, worker_index, static_cast<Request>(worker_request),
                              absl::FromUnixMicros(worker_start_us), absl::Seconds(warmup_seconds),
@@ -472,8 +530,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "| workers | load | request | per s | p50 us | p99 us | p50 / baseline | p99 / baseline | "
-      "degraded | daemon RSS MiB | daemon CPU us/req | in-daemon p99 us <= | warm-up p99 us |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "degraded | daemon RSS MiB | daemon CPU us/req | in-daemon p99 us <= | host busy %% | "
+      "host steal %% | wake-up late p99 us | warm-up p99 us |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const absl::Duration beat = absl::Microseconds(heartbeat_ms * 1000);
   const char* kPaths[] = {"channel", "gRPC"};
   std::vector<std::unique_ptr<WorkerClient>> probers;
@@ -482,14 +541,18 @@ int main(int argc, char** argv) {
   // Heartbeats of each path to the daemon at rest: the baselines of the heartbeat rows.
   std::vector<double> rest_p50, rest_p99;
   for (size_t i = 0; i < probers.size(); ++i) {
-    Sample rest = Heartbeats(probers[i].get(), beat, absl::Now() + absl::Seconds(seconds));
+    const absl::Time stop = absl::Now() + absl::Seconds(seconds);
+    HostWatch host;
+    std::thread watch([&host, stop] { host = WatchHost(absl::Now(), stop); });
+    Sample rest = Heartbeats(probers[i].get(), beat, stop);
+    watch.join();
     rest_p50.push_back(Percentile(rest.latencies_us, 0.5));
     rest_p99.push_back(Percentile(rest.latencies_us, 0.99));
     std::printf(
         "| 0 | idle | heartbeat (%s; baseline of its rows) | %.0f | %.0f | %.0f | 1.0x | 1.0x "
-        "| - | %.1f | - | - | - |\n",
+        "| - | %.1f | - | - | %.0f | %.1f | %.0f | - |\n",
         kPaths[i], rest.plans / seconds, rest_p50[i], rest_p99[i],
-        RssKiB((*daemon)->pid()) / 1024.0);
+        RssKiB((*daemon)->pid()) / 1024.0, host.busy_pct, host.steal_pct, host.late_p99_us);
   }
   for (absl::string_view w : absl::StrSplit(workers_list, ',')) {
     int n = std::stoi(std::string(w));
@@ -511,11 +574,12 @@ int main(int argc, char** argv) {
         if (!open_loop) {
           for (auto& p : probers) probing.clients.push_back(p.get());
         }
+        HostWatch host;
         const double cpu0 = CpuSeconds((*daemon)->pid());
         const auto buckets0 = PlanLatencyBuckets(metrics_port);
         Sample s = Run(clients, processes ? &spawn : nullptr, sequences, pages, period,
                        absl::Seconds(warmup_seconds), absl::Seconds(seconds), scores == "stable",
-                       request, probing);
+                       request, &host, probing);
         uint64_t beat_count = 0;
         for (const Sample& b : beats) beat_count += b.plans;
         const double cpu_us = 1e6 * (CpuSeconds((*daemon)->pid()) - cpu0) /
@@ -528,18 +592,18 @@ int main(int argc, char** argv) {
             open_loop ? absl::StrCat("open, ", period_ms, " ms each") : "closed";
         std::printf(
             "| %d | %s | %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.0f%% | %.1f | %.0f | %s | "
-            "%.0f |\n",
+            "%.0f | %.1f | %.0f | %.0f |\n",
             n, load.c_str(), RequestName(request), s.plans / seconds, p50, p99, p50 / base_p50,
             p99 / base_p99, 100.0 * s.degraded / std::max<uint64_t>(1, s.plans),
             RssKiB((*daemon)->pid()) / 1024.0, cpu_us,
-            request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str(),
-            Percentile(s.warmup_us, 0.99));
+            request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str(), host.busy_pct,
+            host.steal_pct, host.late_p99_us, Percentile(s.warmup_us, 0.99));
         for (size_t i = 0; !open_loop && i < probers.size(); ++i) {
           const double b50 = Percentile(beats[i].latencies_us, 0.5);
           const double b99 = Percentile(beats[i].latencies_us, 0.99);
           std::printf(
               "| %d | %s | heartbeat (%s) beside %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | - | "
-              "- | - | - | - |\n",
+              "- | - | - | - | - | - | - |\n",
               n, load.c_str(), kPaths[i], RequestName(request), beats[i].plans / seconds, b50, b99,
               b50 / rest_p50[i], b99 / rest_p99[i]);
         }

@@ -55,6 +55,7 @@ HeartbeatLane::HeartbeatLane(DaemonCore* core, HeartbeatLaneOptions options, Log
     const int err = pthread_setschedparam(thread_.native_handle(), SCHED_FIFO, &param);
     // Set before the thread can read them: it does only after a heartbeat.
     granted_ = realtime_ = err == 0;
+    if (options_.metrics != nullptr) options_.metrics->SetHeartbeatLaneRealtime(realtime_);
     log_info_(err == 0
                   ? absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority)
                   : absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority,
@@ -77,6 +78,7 @@ void HeartbeatLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials
                     edge::ChannelErrorReply(absl::ResourceExhaustedError(
                         absl::StrCat("the daemon keeps ", options_.max_connections,
                                      " heartbeat connections already; heartbeat over gRPC"))));
+      CountDrop(Metrics::ConnectionDrop::kHeartbeatLaneFull);
       return;
     }
   }
@@ -96,6 +98,7 @@ void HeartbeatLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials
     if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return;  // closes with `c`
     connections_.emplace(fd, std::move(c));
     kept = connections_.size();
+    GaugeConnectionsLocked();
   }
   log_info_(absl::StrCat("heartbeat lane: keeps a connection of pid ", peer.pid, " (uid ", peer.uid,
                          "; ", kept, " kept)"));
@@ -108,12 +111,14 @@ bool HeartbeatLane::Answer(int fd, const edge::PeerCredentials& peer,
     // A refused heartbeat ends the connection: a lost lease or a restarted daemon (the worker
     // registers again and connects anew), or a session it may not speak for.
     (void)SendNow(fd, edge::ChannelErrorReply(reply.status()));
+    CountDrop(Metrics::ConnectionDrop::kHeartbeatRefused);
     if (reply.status().code() == absl::StatusCode::kPermissionDenied) {
       log_warning_(absl::StrCat("heartbeat lane: pid ", peer.pid, ": ", reply.status().message()));
     }
     return false;
   }
   if (SendNow(fd, *reply)) return true;
+  CountDrop(Metrics::ConnectionDrop::kHeartbeatUnread);
   log_warning_(
       absl::StrCat("heartbeat lane: dropped pid ", peer.pid,
                    ": its answer could not be sent (left unread, or the connection closed)"));
@@ -148,6 +153,7 @@ bool HeartbeatLane::Serve(Connection& c) {
   if (request.op_case() != v1::ChannelRequest::kHeartbeat) {
     (void)SendNow(c.fd.get(), edge::ChannelErrorReply(absl::InvalidArgumentError(
                                   "a kept channel connection carries heartbeats only")));
+    CountDrop(Metrics::ConnectionDrop::kHeartbeatMisuse);
     return false;
   }
   const absl::Time now = absl::Now();
@@ -158,6 +164,7 @@ bool HeartbeatLane::Serve(Connection& c) {
     (void)SendNow(c.fd.get(), edge::ChannelErrorReply(absl::ResourceExhaustedError(absl::StrCat(
                                   "heartbeats faster than ", kMaxBeatsPerSecond, " a second"))));
     log_warning_(absl::StrCat("heartbeat lane: dropped pid ", c.peer.pid, ": too many heartbeats"));
+    CountDrop(Metrics::ConnectionDrop::kHeartbeatTooFast);
     return false;
   }
   c.tokens -= 1;
@@ -175,6 +182,7 @@ void HeartbeatLane::Throttle(absl::Time now) {
     return;
   }
   realtime_ = allowed;
+  if (options_.metrics != nullptr) options_.metrics->SetHeartbeatLaneRealtime(realtime_);
   log_warning_(allowed ? "heartbeat lane: back to SCHED_FIFO (heartbeats under the cap again)"
                        : absl::StrCat("heartbeat lane: over ", kMaxLaneBeatsPerSecond,
                                       " heartbeats a second from all connections together; "
@@ -189,6 +197,16 @@ void HeartbeatLane::Drop(int fd) {
   epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   gone = std::move(it->second);
   connections_.erase(it);
+  GaugeConnectionsLocked();
+}
+
+void HeartbeatLane::CountDrop(Metrics::ConnectionDrop reason) {
+  if (options_.metrics != nullptr) options_.metrics->CountDroppedConnection(reason);
+}
+
+void HeartbeatLane::GaugeConnectionsLocked() {
+  if (options_.metrics != nullptr)
+    options_.metrics->SetHeartbeatLaneConnections(connections_.size());
 }
 
 }  // namespace kvtier::daemon

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/daemon_core.h"
+#include "daemon/metrics.h"
 #include "edge/memory_channel.h"
 
 namespace kvtier::daemon {
@@ -56,6 +57,7 @@ class PriorityValve {
 struct HeartbeatLaneOptions {
   int max_connections = 1024;  // kept connections; past it a worker heartbeats over gRPC
   int realtime_priority = 0;   // SCHED_FIFO priority of the lane's thread; 0 = the default policy
+  Metrics* metrics = nullptr;  // drops, kept connections, priority (may be null; must outlive)
 };
 
 // One owner: the constructor starts the thread, the destructor closes every connection and
@@ -95,6 +97,9 @@ class HeartbeatLane {
   // Answers one heartbeat; false when the connection must go.
   bool Answer(int fd, const edge::PeerCredentials& peer, const v1::HeartbeatRequest& request);
   void Drop(int fd);
+  void CountDrop(Metrics::ConnectionDrop reason);
+  // Sets the kept-connections gauge; needs mu_ for the count.
+  void GaugeConnectionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up or takes back the real-time priority as the valve says.
   void Throttle(absl::Time now);
 

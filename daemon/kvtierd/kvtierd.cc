@@ -263,7 +263,8 @@ int Serve(const Flags& flags, DaemonConfig config) {
   }
   auto channel_server = std::make_unique<ChannelServer>(
       *std::move(channel), core->get(),
-      HeartbeatLaneOptions{.realtime_priority = config.server.heartbeat_priority},
+      HeartbeatLaneOptions{.realtime_priority = config.server.heartbeat_priority,
+                           .metrics = metrics.get()},
       [&log](const std::string& m) { log.Info(m); },
       [&log](const std::string& m) { log.Warning(m); },
       [&log](const std::string& m) { log.Debug(m); });
@@ -303,7 +304,7 @@ int Serve(const Flags& flags, DaemonConfig config) {
         config.server.socket_path, config.server.unread_timeout,
         std::min(absl::Milliseconds(100), config.server.unread_timeout / 4),
         [c = core->get()](pid_t pid) { return c->SinceLastCall(pid); },
-        [&log](const std::string& m) { log.Warning(m); });
+        [&log](const std::string& m) { log.Warning(m); }, metrics.get());
   }
   auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);
   auto watchdog = std::make_unique<Watchdog>(core->get());

@@ -78,11 +78,13 @@ std::vector<uint64_t> UnreadTracker::Update(
 }
 
 UnreadGuard::UnreadGuard(std::string socket_path, absl::Duration timeout, absl::Duration period,
-                         SinceLastCall since_last_call, std::function<void(const std::string&)> log)
+                         SinceLastCall since_last_call, std::function<void(const std::string&)> log,
+                         Metrics* metrics)
     : socket_path_(std::move(socket_path)),
       period_(period),
       since_last_call_(std::move(since_last_call)),
       log_(std::move(log)),
+      metrics_(metrics),
       tracker_(timeout),
       thread_([this] { Loop(); }) {}
 
@@ -127,7 +129,7 @@ void UnreadGuard::Sweep() {
     int unread = 0;
     ioctl(fd.get(), SIOCOUTQ, &unread);
     shutdown(fd.get(), SHUT_RDWR);
-    ++dropped_;
+    if (metrics_ != nullptr) metrics_->CountDroppedConnection(Metrics::ConnectionDrop::kGrpcUnread);
     log_(absl::StrCat("dropped a connection whose peer stopped reading: pid ", peer.pid, " uid ",
                       peer.uid, " left ", unread, " bytes unread for ",
                       absl::FormatDuration(tracker_.timeout()), " (server.unread_timeout_ms)"));

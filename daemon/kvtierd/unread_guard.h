@@ -20,7 +20,6 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -32,6 +31,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "daemon/metrics.h"
 
 namespace kvtier::daemon {
 
@@ -67,18 +67,17 @@ class UnreadTracker {
 // Samples the accepted connections of the unix socket at `socket_path` every `period` on a
 // thread it owns (started here, stopped and joined by the destructor) and shuts down those the
 // tracker names; `since_last_call(pid)` is DaemonCore::SinceLastCall; `log` gets one line per
-// connection dropped. Thread-safe.
+// connection dropped and `metrics` (may be null; must outlive this) counts it. Thread-safe.
 class UnreadGuard {
  public:
   using SinceLastCall = std::function<std::optional<absl::Duration>(pid_t pid)>;
 
   UnreadGuard(std::string socket_path, absl::Duration timeout, absl::Duration period,
-              SinceLastCall since_last_call, std::function<void(const std::string&)> log);
+              SinceLastCall since_last_call, std::function<void(const std::string&)> log,
+              Metrics* metrics = nullptr);
   ~UnreadGuard();
   UnreadGuard(const UnreadGuard&) = delete;
   UnreadGuard& operator=(const UnreadGuard&) = delete;
-
-  uint64_t dropped() const { return dropped_.load(); }
 
  private:
   void Loop();
@@ -88,8 +87,8 @@ class UnreadGuard {
   const absl::Duration period_;
   const SinceLastCall since_last_call_;
   const std::function<void(const std::string&)> log_;
+  Metrics* const metrics_;
   UnreadTracker tracker_;  // the loop's only
-  std::atomic<uint64_t> dropped_{0};
   absl::Notification stop_;
   std::thread thread_;  // last: starts once everything above is ready
 };

@@ -1,7 +1,8 @@
 // Heartbeats on kept connections of the memory channel (daemon/kvtierd/heartbeat_lane.h), against
 // the real kvtierd: the lease lives on them alone, and a connection that misbehaves (a secret
 // that does not match, another request, a flood, a client that stops reading) is dropped alone
-// while the other workers' heartbeats go on being answered.
+// while the other workers' heartbeats go on being answered, and counted in
+// kvtier_connections_dropped_total by what it did.
 
 #include <grpcpp/grpcpp.h>
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 #include "edge/memory_channel.h"
 #include "gtest/gtest.h"
 #include "tests/integration/support/daemon_process.h"
+#include "tests/integration/support/http_get.h"
 #include "tests/integration/support/manual_session.h"
 
 namespace kvtier::testing {
@@ -17,12 +19,23 @@ namespace {
 
 constexpr int kTtlMs = 1000;
 
-std::unique_ptr<DaemonProcess> StartDaemon() {
+// A daemon with its metrics on `*metrics_port`.
+std::unique_ptr<DaemonProcess> StartDaemon(int* metrics_port) {
+  absl::StatusOr<int> port = FreeLoopbackPort();
+  EXPECT_TRUE(port.ok()) << port.status();
+  *metrics_port = port.value_or(0);
   auto d = DaemonProcess::Start(
       {.config_text = absl::StrCat("[server]\nreap_interval_ms = 50\n[leases]\nttl_ms = ", kTtlMs,
-                                   "\nheartbeat_ms = 300\n")});
+                                   "\nheartbeat_ms = 300\n"),
+       .metrics_address = absl::StrCat("127.0.0.1:", *metrics_port)});
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *std::move(d) : nullptr;
+}
+
+// Connections dropped for `reason` (kvtier_connections_dropped_total), once at least `expected`.
+double Dropped(int port, const std::string& reason, double expected) {
+  return WaitForMetric(
+      port, absl::StrCat("kvtier_connections_dropped_total{reason=\"", reason, "\"}"), expected);
 }
 
 // A worker registered by hand, so that the test holds its secret (the library keeps it private).
@@ -49,7 +62,8 @@ bool Closed(int fd, const v1::HeartbeatRequest& beat) {
 }
 
 TEST(HeartbeatLaneTest, AKeptConnectionAloneKeepsTheLease) {
-  auto d = StartDaemon();
+  int port = 0;
+  auto d = StartDaemon(&port);
   ASSERT_NE(d, nullptr);
   auto s = Register(*d);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -68,6 +82,10 @@ TEST(HeartbeatLaneTest, AKeptConnectionAloneKeepsTheLease) {
   EXPECT_TRUE(d->WaitForLog(absl::StrCat("heartbeat lane: keeps a connection of pid ", getpid(),
                                          " (uid ", getuid(), "; 1 kept)")))
       << d->Log();
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_heartbeat_lane_connections"), 1);
+  // The real-time priority as the log says it went (refused where RLIMIT_RTPRIO forbids it).
+  const bool refused = d->Log().find("SCHED_FIFO priority 1 refused") != std::string::npos;
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_heartbeat_lane_realtime"), refused ? 0 : 1) << d->Log();
   // Once the lease is gone the daemon says so and closes the connection; the worker registers
   // again and connects anew.
   absl::SleepFor(absl::Milliseconds(kTtlMs + 300));
@@ -85,10 +103,15 @@ TEST(HeartbeatLaneTest, AKeptConnectionAloneKeepsTheLease) {
   unknown.set_worker_id(unknown.worker_id() + 1000);
   EXPECT_EQ(Beat(stranger.get(), unknown).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Closed(stranger.get(), again->Heartbeat()));
+  // Both refusals counted, nothing else; only `fresh` is kept.
+  EXPECT_EQ(Dropped(port, "heartbeat_refused", 2), 2);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_connections_dropped_total"), 2);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_heartbeat_lane_connections"), 1);
 }
 
 TEST(HeartbeatLaneTest, AConnectionThatMisbehavesIsDroppedAloneWithAClearAnswer) {
-  auto d = StartDaemon();
+  int port = 0;
+  auto d = StartDaemon(&port);
   ASSERT_NE(d, nullptr);
   auto good = Register(*d);
   auto other = Register(*d);
@@ -134,10 +157,17 @@ TEST(HeartbeatLaneTest, AConnectionThatMisbehavesIsDroppedAloneWithAClearAnswer)
   }
   // The well-behaved connection was answered throughout.
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(Beat(kept.get(), good->Heartbeat()).ok());
+  // Each drop counted by what its peer did.
+  EXPECT_EQ(Dropped(port, "heartbeat_refused", 1), 1);
+  EXPECT_EQ(Dropped(port, "heartbeat_misuse", 1), 1);
+  EXPECT_EQ(Dropped(port, "heartbeat_too_fast", 1), 1);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_connections_dropped_total"), 3);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_heartbeat_lane_connections"), 1);
 }
 
 TEST(HeartbeatLaneTest, AClientThatStopsReadingIsDropped) {
-  auto d = StartDaemon();
+  int port = 0;
+  auto d = StartDaemon(&port);
   ASSERT_NE(d, nullptr);
   auto s = Register(*d);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -158,9 +188,11 @@ TEST(HeartbeatLaneTest, AClientThatStopsReadingIsDropped) {
   EXPECT_TRUE(d->WaitForLog(
       absl::StrCat("heartbeat lane: dropped pid ", getpid(), ": its answer could not be sent")))
       << d->Log();
+  EXPECT_EQ(Dropped(port, "heartbeat_unread", 1), 1);
   // The worker itself is fine: a new connection is kept again.
   edge::UniqueFd fresh = Connect(*d);
   EXPECT_TRUE(Beat(fresh.get(), s->Heartbeat()).ok());
+  EXPECT_EQ(WaitForMetric(port, "kvtier_heartbeat_lane_connections", 1), 1);
 }
 
 }  // namespace

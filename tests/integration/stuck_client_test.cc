@@ -263,6 +263,8 @@ struct FloodFigures {
   std::vector<uint64_t> steps;                       // each worker's, during the flood
   bool workers_recovered = false;                    // 20 steps each once the flooder died
   std::string deaths;
+  FloodProgress reported;  // the flooder's last report before it died
+  double dropped = 0;      // kvtier_connections_dropped_total{reason="grpc_unread"} at the end
 };
 
 // Two workers tier while a client sends GetStatus requests (`pause` between batches of 64) for
@@ -309,6 +311,8 @@ FloodFigures FloodBesideWorkers(absl::Duration pause, int seconds) {
       f.deaths = deaths;
     }
   }
+  f.reported = kids.flooded(flooder);
+  f.dropped = ScrapeMetric(d.port, "kvtier_connections_dropped_total{reason=\"grpc_unread\"}");
   std::printf(
       "flood (pause %s): %llu requests over %llu connections in %d s; daemon RSS %.1f MiB "
       "before, max %.1f in the first half, %.1f in the second; worker steps %llu and %llu\n",
@@ -336,6 +340,10 @@ TEST(StuckClientTest, AClientThatNeverReadsIsDroppedAndDaemonMemoryStaysBounded)
     return;
   }
   EXPECT_GE(f.sent.connections, 6u) << "the daemon kept serving a client that reads nothing";
+  // Each drop counted: every connection but the one its death closed, give or take the one it
+  // had opened and not yet reported.
+  EXPECT_GE(f.dropped + 1, f.reported.connections);
+  EXPECT_LE(f.dropped, f.reported.connections + 1);
   EXPECT_LE(f.rss_second, f.rss_first + (32ull << 20)) << "daemon memory grew all along";
   EXPECT_LE(f.rss_first, f.rss0 + (128ull << 20));
   for (uint64_t steps : f.steps) EXPECT_GE(steps, 50u) << "a worker was held up by the flood";
@@ -393,6 +401,7 @@ TEST_P(PauseTest, AWorkerThatPausesKeepsItsConnection) {
   EXPECT_EQ(d.process->Log().find(absl::StrCat("peer stopped reading: pid ", worker, " ")),
             std::string::npos)
       << d.process->Log();
+  EXPECT_EQ(ScrapeMetric(d.port, "kvtier_connections_dropped_total"), 0);
   if (heartbeats) {
     // They did go over the channel (the lane says so when it keeps a connection).
     EXPECT_NE(

@@ -134,4 +134,14 @@ double ScrapeMetric(int port, const std::string& name) {
   return sum;
 }
 
+double WaitForMetric(int port, const std::string& name, double at_least, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  double v = ScrapeMetric(port, name);
+  while (v < at_least && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    v = ScrapeMetric(port, name);
+  }
+  return v;
+}
+
 }  // namespace kvtier::testing

@@ -30,6 +30,11 @@ std::string UrlEncode(std::string_view text);
 // carry labels (`kvtier_pool_used_bytes{tier="T1"}`) to pick one. -1 when the page is not there.
 double ScrapeMetric(int port, const std::string& name);
 
+// ScrapeMetric until the value reaches `at_least` or `timeout` passes; returns the last value
+// (a daemon may count an event a moment after its answer went out).
+double WaitForMetric(int port, const std::string& name, double at_least,
+                     absl::Duration timeout = absl::Seconds(3));
+
 // A loopback TCP port that was free a moment ago (bound to port 0, then released).
 absl::StatusOr<int> FreeLoopbackPort();
 
