@@ -1,4 +1,6 @@
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -188,7 +190,15 @@ class WorkerClientImpl final : public WorkerClient {
         lock.lock();
       }
     });
+    if (options_.heartbeat_priority > 0) {
+      sched_param param{};
+      param.sched_priority = options_.heartbeat_priority;
+      heartbeat_realtime_ =
+          pthread_setschedparam(heartbeat_thread_.native_handle(), SCHED_FIFO, &param) == 0;
+    }
   }
+
+  bool heartbeat_realtime() const override { return heartbeat_realtime_; }
 
   uint64_t worker_id() const override {
     absl::MutexLock lock(&mu_);
@@ -446,6 +456,7 @@ class WorkerClientImpl final : public WorkerClient {
   std::condition_variable stop_cv_;
   bool stop_ = false;
   std::thread heartbeat_thread_;
+  std::atomic<bool> heartbeat_realtime_{false};
 };
 
 }  // namespace
@@ -458,6 +469,11 @@ absl::StatusOr<v1::ChannelReply> ChannelHello(const std::string& address) {
 }
 
 absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Connect(const ClientOptions& options) {
+  if (options.heartbeat_priority < 0 || options.heartbeat_priority > 99) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("heartbeat_priority is ", options.heartbeat_priority,
+                     "; expected 0 (off) or a SCHED_FIFO priority, 1-99"));
+  }
   ASSIGN_OR_RETURN(std::string socket_path, edge::UnixSocketPath(options.address));
   auto client = std::make_unique<WorkerClientImpl>(options, edge::ChannelPathFor(socket_path));
   RETURN_IF_ERROR(client->Register());

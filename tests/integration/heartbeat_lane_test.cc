@@ -5,11 +5,21 @@
 // kvtier_connections_dropped_total by what it did.
 
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "edge/memory_channel.h"
 #include "gtest/gtest.h"
+#include "kvtier/client.h"
 #include "tests/integration/support/daemon_process.h"
 #include "tests/integration/support/http_get.h"
 #include "tests/integration/support/manual_session.h"
@@ -193,6 +203,74 @@ TEST(HeartbeatLaneTest, AClientThatStopsReadingIsDropped) {
   edge::UniqueFd fresh = Connect(*d);
   EXPECT_TRUE(Beat(fresh.get(), s->Heartbeat()).ok());
   EXPECT_EQ(WaitForMetric(port, "kvtier_heartbeat_lane_connections", 1), 1);
+}
+
+// Threads of this process at SCHED_FIFO `priority` (from /proc: rt_priority is field 40 of a
+// task's stat, the policy field 41).
+int RealtimeThreads(int priority) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "stat");
+    const std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+    if (f.size() > 38 && f[37] == absl::StrCat(priority) && f[38] == "1") ++n;
+  }
+  return n;
+}
+
+// Whether a thread of this process may take SCHED_FIFO `priority` (tried on a thread of its own).
+bool MayRunRealtime(int priority) {
+  bool allowed = false;
+  std::thread probe([&] {
+    sched_param param{};
+    param.sched_priority = priority;
+    allowed = pthread_setschedparam(pthread_self(), SCHED_FIFO, &param) == 0;
+  });
+  probe.join();
+  return allowed;
+}
+
+// ClientOptions::heartbeat_priority: the client's own heartbeat thread at SCHED_FIFO, renewing
+// the lease over the lane; a priority out of range is refused by name.
+TEST(HeartbeatLaneTest, AWorkerHeartbeatsFromARealTimeThreadWhenAllowed) {
+  int port = 0;
+  auto d = StartDaemon(&port);
+  ASSERT_NE(d, nullptr);
+  ClientOptions o;
+  o.address = d->address();
+  o.registration.set_worker_name("realtime");
+  auto* g = o.registration.mutable_geometry();
+  g->set_num_layers(2);
+  g->set_num_kv_heads(1);
+  g->set_head_dim(16);
+  g->set_element_bytes(2);
+  g->set_page_tokens(16);
+  g->set_layer_groups(1);
+  o.registration.set_t1_page_bytes(2048);
+  o.registration.set_t2_page_bytes(1024);
+  o.heartbeat_priority = 100;
+  auto bad = WorkerClient::Connect(o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("heartbeat_priority is 100"), absl::string_view::npos);
+
+  ASSERT_EQ(RealtimeThreads(7), 0);
+  o.heartbeat_priority = 7;
+  auto client = WorkerClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Where this process may take the priority (CAP_SYS_NICE, or RLIMIT_RTPRIO >= 7) the client
+  // took it for exactly one thread; where not, for none.
+  EXPECT_EQ((*client)->heartbeat_realtime(), MayRunRealtime(7));
+  EXPECT_EQ(RealtimeThreads(7), MayRunRealtime(7) ? 1 : 0);
+  // Three lease TTLs on the background thread's heartbeats alone, over the lane.
+  absl::SleepFor(absl::Milliseconds(3 * kTtlMs));
+  EXPECT_TRUE((*client)->connected());
+  EXPECT_EQ((*client)->generation(), 1u) << "the lease was lost and the worker registered again";
+  EXPECT_TRUE(d->WaitForLog(absl::StrCat("heartbeat lane: keeps a connection of pid ", getpid())))
+      << d->Log();
+  client->reset();
+  EXPECT_EQ(RealtimeThreads(7), 0);
 }
 
 }  // namespace
