@@ -240,16 +240,8 @@ TEST(HeartbeatLaneTest, AWorkerHeartbeatsFromARealTimeThreadWhenAllowed) {
   ASSERT_NE(d, nullptr);
   ClientOptions o;
   o.address = d->address();
+  o.registration = SmallRegistration();
   o.registration.set_worker_name("realtime");
-  auto* g = o.registration.mutable_geometry();
-  g->set_num_layers(2);
-  g->set_num_kv_heads(1);
-  g->set_head_dim(16);
-  g->set_element_bytes(2);
-  g->set_page_tokens(16);
-  g->set_layer_groups(1);
-  o.registration.set_t1_page_bytes(2048);
-  o.registration.set_t2_page_bytes(1024);
   o.heartbeat_priority = 100;
   auto bad = WorkerClient::Connect(o);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();

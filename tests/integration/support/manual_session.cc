@@ -14,9 +14,7 @@ v1::HeartbeatRequest ManualSession::Heartbeat() const {
   return r;
 }
 
-absl::StatusOr<ManualSession> RegisterByHand(const std::string& address) {
-  absl::StatusOr<v1::ChannelReply> hello = ChannelHello(address);
-  if (!hello.ok()) return hello.status();
+v1::RegisterWorkerRequest SmallRegistration() {
   v1::RegisterWorkerRequest r;
   v1::ModelGeometry* g = r.mutable_geometry();
   g->set_num_layers(2);
@@ -27,6 +25,13 @@ absl::StatusOr<ManualSession> RegisterByHand(const std::string& address) {
   g->set_layer_groups(1);
   r.set_t1_page_bytes(16384);
   r.set_t2_page_bytes(4608);
+  return r;
+}
+
+absl::StatusOr<ManualSession> RegisterByHand(const std::string& address) {
+  absl::StatusOr<v1::ChannelReply> hello = ChannelHello(address);
+  if (!hello.ok()) return hello.status();
+  v1::RegisterWorkerRequest r = SmallRegistration();
   r.set_channel_ticket(hello->ticket());
   ManualSession s;
   s.stub = v1::KvTier::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));

@@ -20,8 +20,11 @@ struct ManualSession {
   v1::HeartbeatRequest Heartbeat() const;
 };
 
-// Says hello on the memory channel beside `address` ("unix:PATH") and registers a small worker
-// (2 layers, 1 KV head, head_dim 64, fp32, 16-token pages) with the ticket.
+// A small worker's registration: 2 layers, 1 KV head, head_dim 64, fp32, 16-token pages.
+v1::RegisterWorkerRequest SmallRegistration();
+
+// Says hello on the memory channel beside `address` ("unix:PATH") and registers
+// SmallRegistration() with the ticket.
 absl::StatusOr<ManualSession> RegisterByHand(const std::string& address);
 
 }  // namespace kvtier::testing
