@@ -286,11 +286,12 @@ std::unique_ptr<Sequence> Runtime::Open(const worker::SequenceOptions& options) 
 class Client {
  public:
   Client(const std::string& address, const nb::dict& registration, double rpc_deadline_ms,
-         bool background_heartbeat) {
+         bool background_heartbeat, int heartbeat_priority) {
     ClientOptions options;
     options.address = address;
     options.rpc_deadline = absl::Milliseconds(rpc_deadline_ms);
     options.background_heartbeat = background_heartbeat;
+    options.heartbeat_priority = heartbeat_priority;
     ThrowIfError(PythonToProto(registration, "registration", &options.registration));
     nb::gil_scoped_release release;
     client_ = ValueOrThrow(WorkerClient::Connect(options));
@@ -298,6 +299,7 @@ class Client {
   uint64_t worker_id() const { return client_->worker_id(); }
   uint64_t generation() const { return client_->generation(); }
   bool connected() const { return client_->connected(); }
+  bool heartbeat_realtime() const { return client_->heartbeat_realtime(); }
   double lease_ttl_s() const { return absl::ToDoubleSeconds(client_->lease_ttl()); }
 
   uint64_t OpenSequence(uint64_t prompt_tokens, const nb::dict& policy, const std::string& tag) {
@@ -445,12 +447,14 @@ NB_MODULE(_native, m) {
   nb::class_<Client>(m, "Client",
                      "A worker's session with kvtierd (register, sequences, snapshots, plans, "
                      "status); messages are dicts in the protobuf JSON field names.")
-      .def(nb::init<const std::string&, const nb::dict&, double, bool>(), "address"_a,
+      .def(nb::init<const std::string&, const nb::dict&, double, bool, int>(), "address"_a,
            "registration"_a, nb::kw_only(), "rpc_deadline_ms"_a = 200.0,
-           "background_heartbeat"_a = true)
+           "background_heartbeat"_a = true, "heartbeat_priority"_a = 0)
       .def_prop_ro("worker_id", &Client::worker_id)
       .def_prop_ro("generation", &Client::generation)
       .def_prop_ro("connected", &Client::connected)
+      .def_prop_ro("heartbeat_realtime", &Client::heartbeat_realtime,
+                   "True while the heartbeat thread runs at heartbeat_priority (SCHED_FIFO).")
       .def_prop_ro("lease_ttl_s", &Client::lease_ttl_s)
       .def("open_sequence", &Client::OpenSequence, "prompt_tokens"_a, "policy"_a, "tag"_a = "")
       .def("submit_snapshot", &Client::SubmitSnapshot, "snapshot"_a)

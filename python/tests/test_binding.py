@@ -3,8 +3,10 @@ bad input raises a clear exception and loses nothing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -234,6 +236,42 @@ def test_client_speaks_to_kvtierd_in_dicts(daemon):
         client.open_sequence(8, {"name": "hierarchy", "no_such_field": 1})
     with pytest.raises(kvtier.InvalidArgumentError, match="registration"):
         kvtier.Client(daemon.address, {"worker_nam": "typo"})
+    client.close()
+
+
+def _may_run_realtime(priority):
+    """Whether a thread of this process may take SCHED_FIFO `priority` (tried on one of its own)."""
+    allowed = []
+
+    def probe():
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+            allowed.append(True)
+        except PermissionError:
+            allowed.append(False)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return allowed[0]
+
+
+def test_client_heartbeats_from_a_realtime_thread_when_allowed(daemon):
+    registration = {
+        "worker_name": "pytest-realtime",
+        "geometry": {"num_layers": 2, "num_kv_heads": KVH, "head_dim": D, "page_tokens": 4,
+                     "layer_groups": 1, "element_bytes": 4},
+        "t1_page_bytes": 2 * 2 * 4 * KVH * D * 4,
+        "t2_page_bytes": 2560,
+    }
+    with pytest.raises(kvtier.InvalidArgumentError, match="heartbeat_priority is 100"):
+        kvtier.Client(daemon.address, registration, heartbeat_priority=100)
+    plain = kvtier.Client(daemon.address, registration)
+    assert not plain.heartbeat_realtime
+    plain.close()
+    client = kvtier.Client(daemon.address, registration, heartbeat_priority=3)
+    assert client.heartbeat_realtime == _may_run_realtime(3)
+    assert client.connected
     client.close()
 
 
