@@ -1,7 +1,6 @@
 #include "core/tiering/selection.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -23,12 +22,6 @@ void PartitionAt(std::vector<uint64_t>& keys, size_t a, size_t b, size_t c) {
 }
 
 }  // namespace
-
-uint64_t RankKey(float score, uint32_t page) {
-  uint32_t bits = std::bit_cast<uint32_t>(score + 0.0f);  // -0 ranks as +0
-  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  return (uint64_t{bits} << 32) | page;
-}
 
 bool ProtectedPages::Contains(uint64_t page) const {
   for (const Range& r : ranges) {

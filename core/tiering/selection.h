@@ -5,6 +5,7 @@
 // streaming, full, arkv). Pure functions; thread-compatible.
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -82,7 +83,13 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
 
 // A key whose unsigned order is the order of (score, page): the float's bits made monotone in
 // the high word, the page in the low word. Exposed for the benchmark's full-sort baseline.
-uint64_t RankKey(float score, uint32_t page);
+// Inline: SelectGroup calls it once per candidate page (out of line, the call was 8% of an
+// in-process snapshot's profile).
+inline uint64_t RankKey(float score, uint32_t page) {
+  uint32_t bits = std::bit_cast<uint32_t>(score + 0.0f);  // -0 ranks as +0
+  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return (uint64_t{bits} << 32) | page;
+}
 
 }  // namespace kvtier::tiering
 
