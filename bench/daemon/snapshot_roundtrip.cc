@@ -57,6 +57,18 @@ struct Sample {
   uint64_t plans = 0;
   uint64_t degraded = 0;          // plans the pools were short for
   std::vector<double> warmup_us;  // before the measured window (not counted above)
+
+  // One answered request sent at `sent`: a warm-up latency before `measure_from`, else a
+  // measured one. True when measured.
+  bool Add(absl::Time sent, absl::Time measure_from, double us) {
+    if (sent < measure_from) {
+      warmup_us.push_back(us);
+      return false;
+    }
+    latencies_us.push_back(us);
+    ++plans;
+    return true;
+  }
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -155,13 +167,7 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     if (request == Request::kGetStatus) {
       absl::Time t0 = absl::Now();
       if (client->GetStatus(false, false).ok()) {
-        const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-        if (t0 < measure_from) {
-          out->warmup_us.push_back(us);
-        } else {
-          out->latencies_us.push_back(us);
-          ++out->plans;
-        }
+        out->Add(t0, measure_from, absl::ToDoubleMicroseconds(absl::Now() - t0));
       }
       pace();
       continue;
@@ -187,13 +193,7 @@ void RunWorker(WorkerClient* client, int sequences, uint32_t pages, absl::Durati
     } else if (!client->AckPlan(s.id, plan->plan_version(), true).ok()) {
       continue;
     }
-    if (t0 < measure_from) {
-      out->warmup_us.push_back(latency_us);
-    } else {
-      out->latencies_us.push_back(latency_us);
-      ++out->plans;
-      out->degraded += plan->degraded();
-    }
+    if (out->Add(t0, measure_from, latency_us)) out->degraded += plan->degraded();
     s.tiers = plan->target_tiers();
     s.acked = plan->plan_version();
     pace();

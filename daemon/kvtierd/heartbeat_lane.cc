@@ -54,8 +54,8 @@ HeartbeatLane::HeartbeatLane(DaemonCore* core, HeartbeatLaneOptions options, Log
     param.sched_priority = options_.realtime_priority;
     const int err = pthread_setschedparam(thread_.native_handle(), SCHED_FIFO, &param);
     // Set before the thread can read them: it does only after a heartbeat.
-    granted_ = realtime_ = err == 0;
-    if (options_.metrics != nullptr) options_.metrics->SetHeartbeatLaneRealtime(realtime_);
+    granted_ = err == 0;
+    SetRealtime(granted_);
     log_info_(err == 0
                   ? absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority)
                   : absl::StrCat("heartbeat lane: SCHED_FIFO priority ", options_.realtime_priority,
@@ -181,8 +181,7 @@ void HeartbeatLane::Throttle(absl::Time now) {
   if (pthread_setschedparam(pthread_self(), allowed ? SCHED_FIFO : SCHED_OTHER, &param) != 0) {
     return;
   }
-  realtime_ = allowed;
-  if (options_.metrics != nullptr) options_.metrics->SetHeartbeatLaneRealtime(realtime_);
+  SetRealtime(allowed);
   log_warning_(allowed ? "heartbeat lane: back to SCHED_FIFO (heartbeats under the cap again)"
                        : absl::StrCat("heartbeat lane: over ", kMaxLaneBeatsPerSecond,
                                       " heartbeats a second from all connections together; "
@@ -205,8 +204,14 @@ void HeartbeatLane::CountDrop(Metrics::ConnectionDrop reason) {
 }
 
 void HeartbeatLane::GaugeConnectionsLocked() {
-  if (options_.metrics != nullptr)
+  if (options_.metrics != nullptr) {
     options_.metrics->SetHeartbeatLaneConnections(connections_.size());
+  }
+}
+
+void HeartbeatLane::SetRealtime(bool realtime) {
+  realtime_ = realtime;
+  if (options_.metrics != nullptr) options_.metrics->SetHeartbeatLaneRealtime(realtime);
 }
 
 }  // namespace kvtier::daemon

@@ -102,6 +102,8 @@ class HeartbeatLane {
   void GaugeConnectionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up or takes back the real-time priority as the valve says.
   void Throttle(absl::Time now);
+  // Notes (and gauges) whether the thread runs at the real-time priority now.
+  void SetRealtime(bool realtime);
 
   DaemonCore* const core_;
   const HeartbeatLaneOptions options_;
