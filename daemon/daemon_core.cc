@@ -111,15 +111,13 @@ bool InGroup(const edge::PeerCredentials& peer, gid_t gid) {
          std::find(peer.groups.begin(), peer.groups.end(), gid) != peer.groups.end();
 }
 
-// A request over the memory channel speaks for a worker only from the uid that registered it
-// (the kernel's word, not the message's); `peer` null: the request came over gRPC.
+}  // namespace
+
 absl::Status CheckSameUid(const WorkerRec& w, const edge::PeerCredentials* peer) {
   if (peer == nullptr || peer->uid == w.peer.uid) return absl::OkStatus();
   return absl::PermissionDeniedError(
       absl::StrCat("worker_id ", w.id, " registered as uid ", w.peer.uid, ", not uid ", peer->uid));
 }
-
-}  // namespace
 
 DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics,
                                uint64_t epoch, CoreHooks hooks)

@@ -122,11 +122,16 @@ class DaemonCore {
                                                         const v1::FetchExtents& request,
                                                         std::vector<edge::UniqueFd>* fds) = 0;
 
-  // A heartbeat over the memory channel (its kept connection, daemon/kvtierd/heartbeat_lane.h):
+  // A heartbeat over the memory channel (its kept connection, daemon/kvtierd/channel_lane.h):
   // the RPC's answer in `heartbeat`, when the peer's uid is the registered worker's. It renews
   // the lease but is no call on the gRPC socket (SinceLastCall does not count it).
   virtual absl::StatusOr<v1::ChannelReply> ChannelHeartbeat(
       const edge::PeerCredentials& peer, const v1::HeartbeatRequest& request) = 0;
+  // A snapshot over the memory channel (its kept connection, daemon/kvtierd/channel_lane.h):
+  // SubmitSnapshot's plan in `plan`, when the peer's uid is the registered worker's. Like a
+  // channel heartbeat it is no call on the gRPC socket.
+  virtual absl::StatusOr<v1::ChannelReply> ChannelSnapshot(
+      const edge::PeerCredentials& peer, const v1::SubmitSnapshotRequest& request) = 0;
 
   // Expires leases older than the TTL (by the injected clock) and returns every slot of those
   // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.

@@ -62,6 +62,10 @@ struct WorkerRec {
   double h2d_grant = 0;
 };
 
+// A request over the memory channel speaks for a worker only from the uid that registered it
+// (the kernel's word, not the message's); `peer` null: the request came over gRPC.
+absl::Status CheckSameUid(const WorkerRec& w, const edge::PeerCredentials* peer);
+
 // A channel hello's answer, redeemable at RegisterWorker (once) or GetStatus (operators).
 struct Ticket {
   edge::PeerCredentials peer;
@@ -172,6 +176,8 @@ class DaemonCoreImpl final : public DaemonCore {
                                                 std::vector<edge::UniqueFd>* fds) override;
   absl::StatusOr<v1::ChannelReply> ChannelHeartbeat(const edge::PeerCredentials& peer,
                                                     const v1::HeartbeatRequest& request) override;
+  absl::StatusOr<v1::ChannelReply> ChannelSnapshot(
+      const edge::PeerCredentials& peer, const v1::SubmitSnapshotRequest& request) override;
   int ReapExpired() override;
   std::optional<absl::Duration> SinceLastCall(pid_t pid) override;
   void PrepareSpareExtents() override;
@@ -193,10 +199,16 @@ class DaemonCoreImpl final : public DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SubmitSnapshot's phases (daemon_snapshot.cc). `prep` carries what the unlocked phase needs.
   struct Prepared;
-  absl::StatusOr<v1::TierPlan> Snapshot(const v1::SubmitSnapshotRequest& r);
-  // Authenticates, settles a carried ack, answers a replay, validates and grows the record:
-  // fills `prep` (or `replay`, the plan in flight, for the same snapshot again).
-  absl::Status PrepareLocked(const v1::SubmitSnapshotRequest& r, uint64_t fingerprint,
+  // `channel_peer`: who sent it over the memory channel; null over gRPC.
+  absl::StatusOr<v1::TierPlan> TimedSnapshot(const v1::SubmitSnapshotRequest& r,
+                                             const edge::PeerCredentials* channel_peer);
+  absl::StatusOr<v1::TierPlan> Snapshot(const v1::SubmitSnapshotRequest& r,
+                                        const edge::PeerCredentials* channel_peer);
+  // Authenticates (as the worker's uid, over the channel), settles a carried ack, answers a
+  // replay, validates and grows the record: fills `prep` (or `replay`, the plan in flight, for
+  // the same snapshot again).
+  absl::Status PrepareLocked(const v1::SubmitSnapshotRequest& r,
+                             const edge::PeerCredentials* channel_peer, uint64_t fingerprint,
                              SequenceRec& s, Prepared& prep,
                              std::shared_ptr<const v1::TierPlan>& replay)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -269,8 +269,21 @@ struct DaemonCoreImpl::Prepared {
 
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
     const v1::SubmitSnapshotRequest& request) {
+  return TimedSnapshot(request, nullptr);
+}
+
+absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::ChannelSnapshot(
+    const edge::PeerCredentials& peer, const v1::SubmitSnapshotRequest& request) {
+  ASSIGN_OR_RETURN(v1::TierPlan plan, TimedSnapshot(request, &peer));
+  v1::ChannelReply reply;
+  *reply.mutable_plan() = std::move(plan);
+  return reply;
+}
+
+absl::StatusOr<v1::TierPlan> DaemonCoreImpl::TimedSnapshot(
+    const v1::SubmitSnapshotRequest& request, const edge::PeerCredentials* channel_peer) {
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<v1::TierPlan> plan = Snapshot(request);
+  absl::StatusOr<v1::TierPlan> plan = Snapshot(request, channel_peer);
   if (plan.ok() && metrics_ != nullptr) {
     metrics_->CountSnapshot(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -284,7 +297,8 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
 // made before it, without the lock). The sequence's plan_mu is held from (1) to the end, so
 // between (1) and (3) its record changes only by being freed (an ack needs a plan in flight,
 // and there is none until (3)), which (3) notices.
-absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRequest& r) {
+absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRequest& r,
+                                                      const edge::PeerCredentials* channel_peer) {
   const uint64_t fingerprint = Fingerprint(r);
   std::shared_ptr<SequenceRec> seq;
   PlanLock plan_lock;
@@ -292,18 +306,20 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   std::shared_ptr<const v1::TierPlan> replay;
   {
     PiMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
+    ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret(),
+                                                       channel_peer ? Via::kChannel : Via::kRpc));
+    RETURN_IF_ERROR(CheckSameUid(*w, channel_peer));
     ASSIGN_OR_RETURN(seq, FindSequenceLocked(*w, r.sequence_id()));
     // Mostly free: taken without blocking under mu_ (which the lock order would not allow).
     if (plan_lock.TryLock(&seq->plan_mu)) {
-      RETURN_IF_ERROR(PrepareLocked(r, fingerprint, *seq, prep, replay));
+      RETURN_IF_ERROR(PrepareLocked(r, channel_peer, fingerprint, *seq, prep, replay));
     }
   }
   if (!plan_lock.held()) {
     // Another snapshot of this sequence is being decided (a resubmission): wait for it.
     plan_lock.Lock(&seq->plan_mu);
     PiMutexLock lock(&mu_);
-    RETURN_IF_ERROR(PrepareLocked(r, fingerprint, *seq, prep, replay));
+    RETURN_IF_ERROR(PrepareLocked(r, channel_peer, fingerprint, *seq, prep, replay));
   }
   if (replay != nullptr) return *replay;  // the same snapshot again: its reply was lost
 
@@ -341,11 +357,13 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   return *plan;
 }
 
-absl::Status DaemonCoreImpl::PrepareLocked(const v1::SubmitSnapshotRequest& r, uint64_t fingerprint,
-                                           SequenceRec& s, Prepared& prep,
+absl::Status DaemonCoreImpl::PrepareLocked(const v1::SubmitSnapshotRequest& r,
+                                           const edge::PeerCredentials* channel_peer,
+                                           uint64_t fingerprint, SequenceRec& s, Prepared& prep,
                                            std::shared_ptr<const v1::TierPlan>& replay) {
   // Again: the lease may have lapsed, or the sequence been closed, while waiting for plan_mu.
-  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
+  ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret(),
+                                                     channel_peer ? Via::kChannel : Via::kRpc));
   if (s.closed) return Closed(s.id);
   const bool replayed_ack =
       r.applied_plan_version() != 0 && r.applied_plan_version() == s.last_applied &&

@@ -22,9 +22,10 @@ constexpr std::array<absl::string_view, kNumMoveKinds> kMoveKindNames = {
     "offload", "compress", "promote", "decompress", "evict"};
 constexpr std::array<absl::string_view, 3> kDegradeNames = {"ddr_full", "compressed_full", "quota"};
 constexpr std::array<absl::string_view, 2> kAllocFailureNames = {"pool_full", "quota"};
-constexpr std::array<absl::string_view, 6> kDropNames = {
-    "grpc_unread",       "heartbeat_unread", "heartbeat_too_fast",
-    "heartbeat_refused", "heartbeat_misuse", "heartbeat_lane_full"};
+constexpr std::array<absl::string_view, 10> kDropNames = {
+    "grpc_unread",      "heartbeat_unread",    "heartbeat_too_fast", "heartbeat_refused",
+    "heartbeat_misuse", "heartbeat_lane_full", "snapshot_unread",    "snapshot_refused",
+    "snapshot_misuse",  "snapshot_lane_full"};
 static_assert(kDropNames.size() == static_cast<size_t>(Metrics::ConnectionDrop::kCount));
 // Canonical codes 0..16.
 constexpr int kNumCodes = 17;
@@ -65,8 +66,8 @@ struct Metrics::Families {
   prometheus::Counter* protected_overflow = nullptr;
   std::array<prometheus::Counter*, 3> acks{};  // [refused, applied, abandoned]
   std::array<prometheus::Counter*, kDropNames.size()> dropped{};
-  prometheus::Gauge* lane_connections = nullptr;
-  prometheus::Gauge* lane_realtime = nullptr;
+  std::array<prometheus::Gauge*, 2> lane_connections{};
+  std::array<prometheus::Gauge*, 2> lane_realtime{};
 };
 
 Metrics::Metrics()
@@ -170,11 +171,17 @@ std::unique_ptr<Metrics> Metrics::Create() {
   for (size_t i = 0; i < kDropNames.size(); ++i) {
     f.dropped[i] = &dropped.Add({{"reason", S(kDropNames[i])}});
   }
-  f.lane_connections =
-      &gauge("kvtier_heartbeat_lane_connections", "Connections the heartbeat lane keeps.").Add({});
-  f.lane_realtime = &gauge("kvtier_heartbeat_lane_realtime",
-                           "1 while the heartbeat lane's thread runs at SCHED_FIFO.")
-                         .Add({});
+  for (int lane = 0; lane < 2; ++lane) {
+    const std::string name = lane == 0 ? "heartbeat" : "snapshot";
+    f.lane_connections[lane] =
+        &gauge(absl::StrCat("kvtier_", name, "_lane_connections").c_str(),
+               absl::StrCat("Connections the ", name, " lane keeps.").c_str())
+             .Add({});
+    f.lane_realtime[lane] =
+        &gauge(absl::StrCat("kvtier_", name, "_lane_realtime").c_str(),
+               absl::StrCat("1 while the ", name, " lane's thread runs at SCHED_FIFO.").c_str())
+             .Add({});
+  }
   return m;
 }
 
@@ -248,10 +255,12 @@ void Metrics::CountDroppedConnection(ConnectionDrop reason) {
   f_->dropped[static_cast<int>(reason)]->Increment();
 }
 
-void Metrics::SetHeartbeatLaneConnections(uint64_t kept) {
-  f_->lane_connections->Set(static_cast<double>(kept));
+void Metrics::SetLaneConnections(Lane lane, uint64_t kept) {
+  f_->lane_connections[static_cast<int>(lane)]->Set(static_cast<double>(kept));
 }
 
-void Metrics::SetHeartbeatLaneRealtime(bool realtime) { f_->lane_realtime->Set(realtime ? 1 : 0); }
+void Metrics::SetLaneRealtime(Lane lane, bool realtime) {
+  f_->lane_realtime[static_cast<int>(lane)]->Set(realtime ? 1 : 0);
+}
 
 }  // namespace kvtier::daemon

@@ -46,9 +46,13 @@
 //                                                   "heartbeat_unread" | "heartbeat_too_fast" |
 //                                                   "heartbeat_refused" (lease lost, stale epoch,
 //                                                   another's session) | "heartbeat_misuse"
-//                                                   (not a heartbeat) | "heartbeat_lane_full"
+//                                                   (not a heartbeat) | "heartbeat_lane_full" |
+//                                                   "snapshot_unread" | "snapshot_refused" |
+//                                                   "snapshot_misuse" | "snapshot_lane_full"
 //   kvtier_heartbeat_lane_connections       gauge   connections the heartbeat lane keeps
 //   kvtier_heartbeat_lane_realtime          gauge   1 while the lane's thread runs at SCHED_FIFO
+//   kvtier_snapshot_lane_connections        gauge   the same for the snapshot lane
+//   kvtier_snapshot_lane_realtime           gauge
 
 #include <array>
 #include <cstdint>
@@ -92,8 +96,14 @@ class Metrics {
     kHeartbeatRefused,
     kHeartbeatMisuse,
     kHeartbeatLaneFull,
+    kSnapshotUnread,
+    kSnapshotRefused,
+    kSnapshotMisuse,
+    kSnapshotLaneFull,
     kCount
   };
+  // The memory channel's lanes (daemon/kvtierd/channel_lane.h).
+  enum class Lane : int { kHeartbeat, kSnapshot, kCount };
 
   static std::unique_ptr<Metrics> Create();
   ~Metrics();
@@ -119,8 +129,8 @@ class Metrics {
   // A plan the worker never received, refused by its next snapshot (abandon_pending).
   void CountAbandonedPlan();
   void CountDroppedConnection(ConnectionDrop reason);
-  void SetHeartbeatLaneConnections(uint64_t kept);
-  void SetHeartbeatLaneRealtime(bool realtime);
+  void SetLaneConnections(Lane lane, uint64_t kept);
+  void SetLaneRealtime(Lane lane, bool realtime);
 
  private:
   Metrics();

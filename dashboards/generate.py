@@ -151,18 +151,24 @@ def build():
             [(f"sum by (reason) (increase(kvtier_connections_dropped_total{{{SEL}}}[{RATE}]))",
               "{{reason}}")], "short", minimum=0,
             description="Connections kvtierd closed because of what their peer did: a gRPC "
-                        "client that left answers unread (the unread guard), or a heartbeat-lane "
-                        "connection that left its answer unread, sent too fast, was refused (lease "
-                        "lost, another daemon's epoch, another worker's session), sent something "
-                        "else, or found the lane full. Each is also a warning in the log.")
-    d.panel("Heartbeat lane",
-            [(f"sum(kvtier_heartbeat_lane_connections{{{SEL}}})", "kept connections"),
-             (f"min(kvtier_heartbeat_lane_realtime{{{SEL}}})", "real-time (1 = SCHED_FIFO)")],
-            "short", minimum=0,
-            description="Connections the heartbeat lane keeps (one per worker that heartbeats "
-                        "over the memory channel), and 1 while its thread runs at SCHED_FIFO: 0 "
-                        "when the system refused the priority (systemd: LimitRTPRIO=) or while "
-                        "heartbeats come faster than 5,000 a second.")
+                        "client that left answers unread (the unread guard), or a heartbeat- or "
+                        "snapshot-lane connection that left its answer unread, sent heartbeats too "
+                        "fast, was refused (lease lost, another daemon's epoch, another worker's "
+                        "session, a bad snapshot, a plan too large for the channel), sent "
+                        "something else, or found the lane full. Each is also a warning in the "
+                        "log.")
+    # The memory channel's two lanes: what each keeps, and whether its thread runs real-time.
+    for lane, sends, cap in (
+            ("heartbeat", "heartbeats", "heartbeats come faster than 5,000 a second"),
+            ("snapshot", "sends its snapshots", "snapshots take over half a core")):
+        d.panel(f"{lane.capitalize()} lane",
+                [(f"sum(kvtier_{lane}_lane_connections{{{SEL}}})", "kept connections"),
+                 (f"min(kvtier_{lane}_lane_realtime{{{SEL}}})", "real-time (1 = SCHED_FIFO)")],
+                "short", minimum=0,
+                description=f"Connections the {lane} lane keeps (one per worker that {sends} "
+                            "over the memory channel), and 1 while its thread runs at SCHED_FIFO: "
+                            "0 when the system refused the priority (systemd: LimitRTPRIO=) or "
+                            f"while {cap}.")
 
     return {
         "title": "kvtier",

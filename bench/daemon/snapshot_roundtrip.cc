@@ -79,10 +79,12 @@ double Percentile(std::vector<double> v, double q) {
 }
 
 std::unique_ptr<WorkerClient> Connect(const std::string& address, int index,
-                                      bool heartbeat_over_channel = true) {
+                                      bool heartbeat_over_channel = true,
+                                      bool snapshots_over_channel = true) {
   ClientOptions o;
   o.address = address;
   o.heartbeat_over_channel = heartbeat_over_channel;
+  o.snapshots_over_channel = snapshots_over_channel;
   o.rpc_deadline = absl::Seconds(5);
   auto& r = o.registration;
   r.set_worker_name(absl::StrCat("bench-", index));
@@ -350,10 +352,11 @@ Sample ReadSample(const std::string& path) {
 // The workers load the daemon for `warmup` + `length`: `clients` as threads of this process, or,
 // when `processes` is set, its processes. `probers` (may be empty) send heartbeats every `beat`
 // over `length`.
+// `grpc_snapshots`: the processes send their snapshots over gRPC, not the memory channel.
 Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients,
            const WorkerProcesses* processes, int sequences, uint32_t pages, absl::Duration period,
            absl::Duration warmup, absl::Duration length, bool stable, Request request,
-           HostWatch* host, const Probers& probers = {}) {
+           bool grpc_snapshots, HostWatch* host, const Probers& probers = {}) {
   const int n = processes != nullptr ? processes->count : static_cast<int>(clients.size());
   std::vector<Sample> samples(n);
   std::vector<std::thread> threads;
@@ -399,6 +402,7 @@ Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients,
                                      "--period-ms",
                                      absl::StrCat(absl::ToDoubleMilliseconds(period))};
     argv.insert(argv.end(), processes->load_flags.begin(), processes->load_flags.end());
+    if (grpc_snapshots) argv.push_back("--worker-grpc-snapshots");
     children.push_back(
         testing::SpawnProgram(argv, absl::StrCat(processes->dir, "/worker-", w, ".out")));
   }
@@ -424,8 +428,8 @@ Sample Run(const std::vector<std::unique_ptr<WorkerClient>>& clients,
 // --worker-of: one worker process of a --processes run; prints its sample on stdout.
 int WorkerProcessMain(const std::string& address, int index, Request request, absl::Time start,
                       absl::Duration warmup, absl::Duration length, absl::Duration period,
-                      int sequences, uint32_t pages, bool stable) {
-  std::unique_ptr<WorkerClient> client = Connect(address, index);
+                      int sequences, uint32_t pages, bool stable, bool grpc_snapshots) {
+  std::unique_ptr<WorkerClient> client = Connect(address, index, true, !grpc_snapshots);
   absl::SleepFor(start - absl::Now());
   Sample s;
   RunWorker(client.get(), sequences, pages, period, start + warmup, start + warmup + length, &s,
@@ -494,7 +498,14 @@ int main(int argc, char** argv) {
   app.add_flag("--processes", processes,
                "Each worker a process of its own, as on a real host (default: threads of this "
                "process, which share one gRPC poller)");
+  std::string snapshots_over = "channel,grpc";
+  app.add_option("--snapshots-over", snapshots_over,
+                 "How workers send snapshots: the memory channel, gRPC, or both (rows of each)")
+      ->check(CLI::IsMember({"channel", "grpc", "channel,grpc"}))
+      ->capture_default_str();
   std::string worker_of;
+  bool worker_grpc_snapshots = false;
+  app.add_flag("--worker-grpc-snapshots", worker_grpc_snapshots)->group("");
   int worker_index = 0, worker_request = 0;
   int64_t worker_start_us = 0;
   app.add_option("--worker-of", worker_of)->group("");  // a --processes run's worker
@@ -509,7 +520,7 @@ int main(int argc, char** argv) {
     return WorkerProcessMain(worker_of, worker_index, static_cast<Request>(worker_request),
                              absl::FromUnixMicros(worker_start_us), absl::Seconds(warmup_seconds),
                              absl::Seconds(seconds), absl::Microseconds(period_ms * 1000),
-                             sequences, pages, scores == "stable");
+                             sequences, pages, scores == "stable", worker_grpc_snapshots);
   }
   const int metrics_port = *testing::FreeLoopbackPort();
   const std::string metrics = absl::StrCat("127.0.0.1:", metrics_port);
@@ -556,58 +567,73 @@ int main(int argc, char** argv) {
   }
   for (absl::string_view w : absl::StrSplit(workers_list, ',')) {
     int n = std::stoi(std::string(w));
-    std::vector<std::unique_ptr<WorkerClient>> clients;
+    const bool over[2] = {absl::StrContains(snapshots_over, "channel"),
+                          absl::StrContains(snapshots_over, "grpc")};
     WorkerProcesses spawn{"/proc/self/exe",
                           (*daemon)->address(),
                           (*daemon)->dir(),
                           n,
                           {"--pages", absl::StrCat(pages), "--sequences", absl::StrCat(sequences),
                            "--scores", scores}};
-    for (int i = 0; i < n && !processes; ++i) clients.push_back(Connect((*daemon)->address(), i));
-    for (bool open_loop : {true, false}) {
-      if (!absl::StrContains(loads, open_loop ? "open" : "closed")) continue;
-      double base_p50 = 0, base_p99 = 0;
-      for (Request request : {Request::kGetStatus, Request::kAckPlan, Request::kCarriedAck}) {
-        auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
-        std::vector<Sample> beats(probers.size());
-        Probers probing{{}, beat, &beats, prober_priority};
-        if (!open_loop) {
-          for (auto& p : probers) probing.clients.push_back(p.get());
-        }
-        HostWatch host;
-        const double cpu0 = CpuSeconds((*daemon)->pid());
-        const auto buckets0 = PlanLatencyBuckets(metrics_port);
-        Sample s = Run(clients, processes ? &spawn : nullptr, sequences, pages, period,
-                       absl::Seconds(warmup_seconds), absl::Seconds(seconds), scores == "stable",
-                       request, &host, probing);
-        uint64_t beat_count = 0;
-        for (const Sample& b : beats) beat_count += b.plans;
-        const double cpu_us = 1e6 * (CpuSeconds((*daemon)->pid()) - cpu0) /
-                              std::max<uint64_t>(1, s.plans + s.warmup_us.size() + beat_count);
-        const double core_p99 =
-            InDaemonQuantileUs(buckets0, PlanLatencyBuckets(metrics_port), 0.99);
-        const double p50 = Percentile(s.latencies_us, 0.5), p99 = Percentile(s.latencies_us, 0.99);
-        if (request == Request::kGetStatus) base_p50 = p50, base_p99 = p99;
-        const std::string load =
-            open_loop ? absl::StrCat("open, ", period_ms, " ms each") : "closed";
-        std::printf(
-            "| %d | %s | %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.0f%% | %.1f | %.0f | %s | "
-            "%.0f | %.1f | %.0f | %.0f |\n",
-            n, load.c_str(), RequestName(request), s.plans / seconds, p50, p99, p50 / base_p50,
-            p99 / base_p99, 100.0 * s.degraded / std::max<uint64_t>(1, s.plans),
-            RssKiB((*daemon)->pid()) / 1024.0, cpu_us,
-            request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str(), host.busy_pct,
-            host.steal_pct, host.late_p99_us, Percentile(s.warmup_us, 0.99));
-        for (size_t i = 0; !open_loop && i < probers.size(); ++i) {
-          const double b50 = Percentile(beats[i].latencies_us, 0.5);
-          const double b99 = Percentile(beats[i].latencies_us, 0.99);
+    // Per snapshot path (channel, gRPC) asked for, the workers of its rows: a baseline of their
+    // own, then both requests. They close before the other path's connect (their extents would
+    // crowd the pools).
+    for (int path = 0; path < 2; ++path) {
+      if (!over[path]) continue;
+      std::vector<std::unique_ptr<WorkerClient>> clients;
+      for (int i = 0; i < n && !processes; ++i) {
+        clients.push_back(Connect((*daemon)->address(), i, true, path == 0));
+      }
+      for (bool open_loop : {true, false}) {
+        if (!absl::StrContains(loads, open_loop ? "open" : "closed")) continue;
+        double base_p50 = 0, base_p99 = 0;
+        for (Request request : {Request::kGetStatus, Request::kAckPlan, Request::kCarriedAck}) {
+          auto period = open_loop ? absl::Microseconds(period_ms * 1000) : absl::ZeroDuration();
+          std::vector<Sample> beats(probers.size());
+          Probers probing{{}, beat, &beats, prober_priority};
+          if (!open_loop) {
+            for (auto& p : probers) probing.clients.push_back(p.get());
+          }
+          HostWatch host;
+          const double cpu0 = CpuSeconds((*daemon)->pid());
+          const auto buckets0 = PlanLatencyBuckets(metrics_port);
+          Sample s = Run(clients, processes ? &spawn : nullptr, sequences, pages, period,
+                         absl::Seconds(warmup_seconds), absl::Seconds(seconds), scores == "stable",
+                         request, path == 1, &host, probing);
+          uint64_t beat_count = 0;
+          for (const Sample& b : beats) beat_count += b.plans;
+          const double cpu_us = 1e6 * (CpuSeconds((*daemon)->pid()) - cpu0) /
+                                std::max<uint64_t>(1, s.plans + s.warmup_us.size() + beat_count);
+          const double core_p99 =
+              InDaemonQuantileUs(buckets0, PlanLatencyBuckets(metrics_port), 0.99);
+          const double p50 = Percentile(s.latencies_us, 0.5),
+                       p99 = Percentile(s.latencies_us, 0.99);
+          if (request == Request::kGetStatus) base_p50 = p50, base_p99 = p99;
+          const std::string load =
+              open_loop ? absl::StrCat("open, ", period_ms, " ms each") : "closed";
+          const std::string name =
+              request == Request::kGetStatus
+                  ? RequestName(request)
+                  : absl::StrCat(RequestName(request), " (", kPaths[path], ")");
           std::printf(
-              "| %d | %s | heartbeat (%s) beside %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | - | "
-              "- | - | - | - | - | - | - |\n",
-              n, load.c_str(), kPaths[i], RequestName(request), beats[i].plans / seconds, b50, b99,
-              b50 / rest_p50[i], b99 / rest_p99[i]);
+              "| %d | %s | %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.0f%% | %.1f | %.0f | %s | "
+              "%.0f | %.1f | %.0f | %.0f |\n",
+              n, load.c_str(), name.c_str(), s.plans / seconds, p50, p99, p50 / base_p50,
+              p99 / base_p99, 100.0 * s.degraded / std::max<uint64_t>(1, s.plans),
+              RssKiB((*daemon)->pid()) / 1024.0, cpu_us,
+              request == Request::kGetStatus ? "-" : absl::StrCat(core_p99).c_str(), host.busy_pct,
+              host.steal_pct, host.late_p99_us, Percentile(s.warmup_us, 0.99));
+          for (size_t i = 0; !open_loop && i < probers.size(); ++i) {
+            const double b50 = Percentile(beats[i].latencies_us, 0.5);
+            const double b99 = Percentile(beats[i].latencies_us, 0.99);
+            std::printf(
+                "| %d | %s | heartbeat (%s) beside %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | - | "
+                "- | - | - | - | - | - | - |\n",
+                n, load.c_str(), kPaths[i], name.c_str(), beats[i].plans / seconds, b50, b99,
+                b50 / rest_p50[i], b99 / rest_p99[i]);
+          }
+          std::fflush(stdout);
         }
-        std::fflush(stdout);
       }
     }
   }

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/lib/extent_mapping.h"
-#include "client/lib/heartbeat_channel.h"
+#include "client/lib/kept_channel.h"
 #include "core/status/status_macros.h"
 #include "edge/memory_channel.h"
 #include "edge/message_limits.h"
@@ -28,7 +28,7 @@ namespace kvtier {
 namespace {
 
 using internal::ExtentMapping;
-using internal::HeartbeatChannel;
+using internal::KeptChannel;
 using DriverPtr = std::shared_ptr<const edge::cuda::Driver>;
 
 // While the daemon does not answer, heartbeats retry this often, so a session resumes within a
@@ -53,6 +53,7 @@ class WorkerClientImpl final : public WorkerClient {
       : options_(options),
         channel_path_(std::move(channel_path)),
         beats_(channel_path_, options.rpc_deadline),
+        snapshots_(channel_path_, options.rpc_deadline),
         stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
 
   // After losing the daemon, a fresh channel connects at once instead of waiting out the old
@@ -176,6 +177,11 @@ class WorkerClientImpl final : public WorkerClient {
     ++generation_;
     connected_ = true;
     beats_.Retry();  // a new session may be a newer daemon's
+    if (options_.snapshots_over_channel && hello.takes_snapshots()) {
+      snapshots_.Retry();
+    } else {
+      snapshots_.Decline();
+    }
     return absl::OkStatus();
   }
 
@@ -245,7 +251,9 @@ class WorkerClientImpl final : public WorkerClient {
       }
     }
     v1::TierPlan plan;
-    RETURN_IF_ERROR(Call(&v1::KvTier::Stub::SubmitSnapshot, snapshot, &plan));
+    std::optional<absl::Status> sent = internal::ChannelSnapshot(snapshots_, snapshot, &plan);
+    if (sent) Track(*sent);
+    RETURN_IF_ERROR(sent ? *sent : Call(&v1::KvTier::Stub::SubmitSnapshot, snapshot, &plan));
     // The plan's slots may lie in extents this process has not mapped yet.
     absl::Status mapped = MapExtentsFor(plan);
     if (!mapped.ok()) {
@@ -306,7 +314,8 @@ class WorkerClientImpl final : public WorkerClient {
     }
     v1::HeartbeatResponse response;
     std::optional<absl::Status> beat;
-    if (options_.heartbeat_over_channel) beat = beats_.Beat(request, &response);
+    if (options_.heartbeat_over_channel)
+      beat = internal::ChannelHeartbeat(beats_, request, &response);
     if (beat) Track(*beat);
     absl::Status s = beat ? *beat : Call(&v1::KvTier::Stub::Heartbeat, request, &response);
     if (s.ok()) {
@@ -434,7 +443,8 @@ class WorkerClientImpl final : public WorkerClient {
 
   const ClientOptions options_;
   const std::string channel_path_;
-  HeartbeatChannel beats_;  // the kept channel connection (options_.heartbeat_over_channel)
+  KeptChannel beats_;      // kept channel connections (options_.heartbeat_over_channel,
+  KeptChannel snapshots_;  // options_.snapshots_over_channel)
   absl::Mutex register_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one re-registration at a time
   mutable absl::Mutex mu_;
   std::shared_ptr<v1::KvTier::Stub> stub_ ABSL_GUARDED_BY(mu_);

@@ -104,6 +104,8 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
       Integer([c](int64_t v) { c->server.unread_timeout = absl::Milliseconds(v); }, 0, 600'000);
   s["server.heartbeat_priority"] =
       Integer([c](int64_t v) { c->server.heartbeat_priority = static_cast<int>(v); }, 0, 99);
+  s["server.snapshot_priority"] =
+      Integer([c](int64_t v) { c->server.snapshot_priority = static_cast<int>(v); }, 0, 99);
   s["pools.ddr_mib"] = Mebibytes(&c->core.ddr_pool_bytes, 1);
   s["pools.compressed_mib"] = Mebibytes(&c->core.compressed_pool_bytes, 1);
   s["pools.shm_prefix"] = [c](const toml::node& n, const std::string& where) -> absl::Status {

@@ -24,9 +24,10 @@ struct ServerOptions {
   // A connection whose peer left the daemon's answers unread this long is dropped
   // (daemon/kvtierd/unread_guard.h); 0 = never.
   absl::Duration unread_timeout = absl::Seconds(2);
-  // SCHED_FIFO priority of the thread that answers heartbeats on the memory channel
-  // (daemon/kvtierd/heartbeat_lane.h); 0 = the default policy.
+  // SCHED_FIFO priorities of the threads that answer heartbeats, and snapshots, on the memory
+  // channel (daemon/kvtierd/channel_lane.h); 0 = the default policy.
   int heartbeat_priority = 1;
+  int snapshot_priority = 1;
 };
 
 // Defaults applied to OpenSequence requests that name no policy.

@@ -18,12 +18,13 @@ constexpr absl::Duration kRequestTimeout = absl::Milliseconds(500);
 }  // namespace
 
 ChannelServer::ChannelServer(edge::UniqueFd listener, DaemonCore* core,
-                             HeartbeatLaneOptions heartbeats, LogFn log_info, LogFn log_warning,
-                             LogFn log_debug)
+                             ChannelLaneOptions heartbeats, ChannelLaneOptions snapshots,
+                             LogFn log_info, LogFn log_warning, LogFn log_debug)
     : listener_(std::move(listener)),
       core_(core),
       log_debug_(std::move(log_debug)),
-      heartbeats_(core, heartbeats, std::move(log_info), std::move(log_warning)) {
+      heartbeats_(ChannelLane::Lane::kHeartbeat, core, heartbeats, log_info, log_warning),
+      snapshots_(ChannelLane::Lane::kSnapshot, core, snapshots, log_info, log_warning) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) == 0) {
     wake_read_.Reset(fds[0]);
@@ -73,16 +74,20 @@ void ChannelServer::Serve(edge::UniqueFd owned) {
   switch (request.op_case()) {
     case v1::ChannelRequest::kHello:
       reply = core_->Hello(*peer);
+      if (reply.ok()) reply->set_takes_snapshots(true);
       break;
     case v1::ChannelRequest::kFetchExtents:
       reply = core_->FetchExtents(*peer, request.fetch_extents(), &fds);
       break;
     case v1::ChannelRequest::kHeartbeat:
-      heartbeats_.Adopt(std::move(owned), *peer, request.heartbeat());
+      heartbeats_.Adopt(std::move(owned), *peer, request);
+      return;
+    case v1::ChannelRequest::kSnapshot:
+      snapshots_.Adopt(std::move(owned), *peer, request);
       return;
     default:
       reply = absl::InvalidArgumentError(
-          "channel request names no operation (hello, fetch_extents or heartbeat)");
+          "channel request names no operation (hello, fetch_extents, heartbeat or snapshot)");
   }
   if (!reply.ok()) {
     log_debug_(absl::StrCat("memory channel: uid ", peer->uid, " pid ", peer->pid, ": ",

@@ -263,8 +263,10 @@ int Serve(const Flags& flags, DaemonConfig config) {
   }
   auto channel_server = std::make_unique<ChannelServer>(
       *std::move(channel), core->get(),
-      HeartbeatLaneOptions{.realtime_priority = config.server.heartbeat_priority,
-                           .metrics = metrics.get()},
+      ChannelLaneOptions{.realtime_priority = config.server.heartbeat_priority,
+                         .metrics = metrics.get()},
+      ChannelLaneOptions{.realtime_priority = config.server.snapshot_priority,
+                         .metrics = metrics.get()},
       [&log](const std::string& m) { log.Info(m); },
       [&log](const std::string& m) { log.Warning(m); },
       [&log](const std::string& m) { log.Debug(m); });

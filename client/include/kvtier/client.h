@@ -45,6 +45,11 @@ struct ClientOptions {
   // daemon thread of their own so that they never queue behind snapshots (docs/reliability.md);
   // false, or a daemon that does not take them there: over gRPC like every other call.
   bool heartbeat_over_channel = true;
+  // Snapshots go over another kept connection of the memory channel, answered by a daemon thread
+  // of their own at about half gRPC's CPU per snapshot (docs/reliability.md); a snapshot or plan
+  // too large for one channel datagram (64 KiB), false, or a daemon that does not take them there:
+  // over gRPC.
+  bool snapshots_over_channel = true;
   // SCHED_FIFO priority (1-99) of the background heartbeat thread; 0 = the default policy. A
   // worker whose own threads keep every core busy delays its heartbeats by whole scheduler
   // slices; at a real-time priority the thread runs as soon as it wakes (beside a 32-worker flood

@@ -31,8 +31,9 @@ struct FakeVmmDaemon {
     auto listener = edge::ListenChannel(channel_path, 0600, static_cast<gid_t>(-1));
     ASSERT_TRUE(listener.ok()) << listener.status();
     server = std::make_unique<daemon::ChannelServer>(
-        *std::move(listener), env->core.get(), daemon::HeartbeatLaneOptions{},
-        [](const std::string&) {}, [](const std::string&) {}, [](const std::string&) {});
+        *std::move(listener), env->core.get(), daemon::ChannelLaneOptions{},
+        daemon::ChannelLaneOptions{}, [](const std::string&) {}, [](const std::string&) {},
+        [](const std::string&) {});
   }
   ~FakeVmmDaemon() {
     server.reset();

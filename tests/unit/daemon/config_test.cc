@@ -20,6 +20,7 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->policy.hbm_ratio, built_in.policy.hbm_ratio);
   EXPECT_EQ(parsed->server.unread_timeout, built_in.server.unread_timeout);
   EXPECT_EQ(parsed->server.heartbeat_priority, built_in.server.heartbeat_priority);
+  EXPECT_EQ(parsed->server.snapshot_priority, built_in.server.snapshot_priority);
   EXPECT_EQ(parsed->core.pool_backend, built_in.core.pool_backend);
   EXPECT_EQ(parsed->core.numa_node, built_in.core.numa_node);
   EXPECT_EQ(parsed->core.cuda_library, built_in.core.cuda_library);
@@ -45,6 +46,7 @@ socket = "/tmp/x.sock"
 log_level = "debug"
 unread_timeout_ms = 0
 heartbeat_priority = 0
+snapshot_priority = 2
 [pools]
 ddr_mib = 64
 mode = "0600"
@@ -63,6 +65,7 @@ evict_ratio = 0.03
   EXPECT_EQ(c->server.log_level, LogLevel::kDebug);
   EXPECT_EQ(c->server.unread_timeout, absl::ZeroDuration());
   EXPECT_EQ(c->server.heartbeat_priority, 0);
+  EXPECT_EQ(c->server.snapshot_priority, 2);
   EXPECT_EQ(c->core.ddr_pool_bytes, 64ull << 20);
   EXPECT_EQ(c->core.shm_mode, 0600u);
   EXPECT_EQ(c->core.security.allow_uids, (std::vector<uint32_t>{1000, 1001}));
@@ -89,29 +92,30 @@ TEST_P(ConfigRejectsTest, NamesTheProblem) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, ConfigRejectsTest,
-    ::testing::Values(BadCase{"[pools]\nddr_mb = 5\n", "pools.ddr_mb"},
-                      BadCase{"[pool]\nddr_mib = 5\n", "pool.ddr_mib"},
-                      BadCase{"[pools]\nddr_mib = \"big\"\n", "pools.ddr_mib"},
-                      BadCase{"[pools]\nddr_mib = 0\n", "out of range"},
-                      BadCase{"[pools]\nmode = \"999\"\n", "pools.mode"},
-                      BadCase{"[pools]\nshm_prefix = \"a/b\"\n", "pools.shm_prefix"},
-                      BadCase{"[pools]\nmode = \"0666\"\n", "world-accessible"},
-                      BadCase{"[pools]\nbackend = \"vmm\"\n", "pools.backend = \"vmm\" must be"},
-                      BadCase{"[pools]\nbackend = 1\n", "pools.backend = must be \"auto\""},
-                      BadCase{"[pools]\nnuma_node = -2\n", "pools.numa_node = -2"},
-                      BadCase{"[pools]\ncuda_library = \"\"\n",
-                              "pools.cuda_library = \"\" must be a library name"},
-                      BadCase{"[leases]\nttl_ms = 2000\nheartbeat_ms = 2000\n", "must exceed"},
-                      BadCase{"[security]\nallow_uids = [\"root\"]\n", "security.allow_uids"},
-                      BadCase{"[security]\noperator_uids = 0\n", "security.operator_uids"},
-                      BadCase{"[limits]\nmax_snapshot_entries = 0\n", "max_snapshot_entries"},
-                      BadCase{"[policy]\nhbm_ratio = 1.5\n", "policy.hbm_ratio"},
-                      BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
-                      BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},
-                      BadCase{"[server]\nunread_timeout_ms = -1\n", "server.unread_timeout_ms"},
-                      BadCase{"[server]\nheartbeat_priority = 100\n",
-                              "server.heartbeat_priority = 100"},
-                      BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
+    ::testing::Values(
+        BadCase{"[pools]\nddr_mb = 5\n", "pools.ddr_mb"},
+        BadCase{"[pool]\nddr_mib = 5\n", "pool.ddr_mib"},
+        BadCase{"[pools]\nddr_mib = \"big\"\n", "pools.ddr_mib"},
+        BadCase{"[pools]\nddr_mib = 0\n", "out of range"},
+        BadCase{"[pools]\nmode = \"999\"\n", "pools.mode"},
+        BadCase{"[pools]\nshm_prefix = \"a/b\"\n", "pools.shm_prefix"},
+        BadCase{"[pools]\nmode = \"0666\"\n", "world-accessible"},
+        BadCase{"[pools]\nbackend = \"vmm\"\n", "pools.backend = \"vmm\" must be"},
+        BadCase{"[pools]\nbackend = 1\n", "pools.backend = must be \"auto\""},
+        BadCase{"[pools]\nnuma_node = -2\n", "pools.numa_node = -2"},
+        BadCase{"[pools]\ncuda_library = \"\"\n",
+                "pools.cuda_library = \"\" must be a library name"},
+        BadCase{"[leases]\nttl_ms = 2000\nheartbeat_ms = 2000\n", "must exceed"},
+        BadCase{"[security]\nallow_uids = [\"root\"]\n", "security.allow_uids"},
+        BadCase{"[security]\noperator_uids = 0\n", "security.operator_uids"},
+        BadCase{"[limits]\nmax_snapshot_entries = 0\n", "max_snapshot_entries"},
+        BadCase{"[policy]\nhbm_ratio = 1.5\n", "policy.hbm_ratio"},
+        BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
+        BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},
+        BadCase{"[server]\nunread_timeout_ms = -1\n", "server.unread_timeout_ms"},
+        BadCase{"[server]\nheartbeat_priority = 100\n", "server.heartbeat_priority = 100"},
+        BadCase{"[server]\nsnapshot_priority = -1\n", "server.snapshot_priority = -1"},
+        BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
 
 TEST(ConfigTest, ErrorsCarryTheLineNumber) {
   auto c = ParseConfig("[server]\nsocket = \"/x\"\n\n[leases]\nttl_ms = -3\n", "f.toml");

@@ -247,6 +247,39 @@ TEST(SessionTest, ASnapshotAbandonsThePlanALostReplyCarriedAndReplaysTheLastAck)
   EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
 }
 
+// A snapshot over the memory channel is the RPC's: the same plan (the same snapshot over gRPC
+// replays it, as a client does when the plan is too large for the channel), from the uid that
+// registered the worker only, and no call on the gRPC socket (like a channel heartbeat).
+TEST(SessionTest, AChannelSnapshotIsTheRpcsFromTheWorkersUidOnly) {
+  Env env;
+  const pid_t self = getpid();
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.2, 0, 0));
+  ASSERT_TRUE(seq.ok());
+  env.clock.Advance(absl::Seconds(3));
+  const v1::SubmitSnapshotRequest snap = w.MakeSnapshot(*seq, 800, RampScores(50));
+
+  edge::PeerCredentials other = testing::SelfPeer();
+  other.uid += 1;
+  auto denied = env.core->ChannelSnapshot(other, snap);
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(denied.status().message().find("registered as uid"), absl::string_view::npos);
+  const uint64_t ddr_before = testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes();
+
+  auto reply = env.core->ChannelSnapshot(testing::SelfPeer(), snap);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->has_plan());
+  EXPECT_GT(reply->plan().move_page_size(), 0);  // pages really leave T0
+  EXPECT_GT(testing::PoolOf(env.core.get(), v1::POOL_KIND_DDR).used_bytes(), ddr_before)
+      << "the refused snapshot granted nothing; this one did";
+  EXPECT_EQ(env.core->SinceLastCall(self), absl::Seconds(3));  // not a call on the socket
+  auto over_rpc = env.core->SubmitSnapshot(snap);
+  ASSERT_TRUE(over_rpc.ok()) << over_rpc.status();
+  EXPECT_EQ(over_rpc->SerializeAsString(), reply->plan().SerializeAsString());
+  EXPECT_EQ(env.core->SinceLastCall(self), absl::ZeroDuration());
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
 // Each message of a plan's round trip dropped in turn: nothing wedges, nothing is granted twice.
 TEST(SessionTest, DroppingAnyMessageOfAPlanNeverWedgesTheSequence) {
   Env env;

@@ -2,7 +2,7 @@
 // under the cap, is given up within the window that crosses it, and comes back only after a whole
 // window under it.
 
-#include "daemon/kvtierd/heartbeat_lane.h"
+#include "daemon/kvtierd/channel_lane.h"
 #include "gtest/gtest.h"
 
 namespace kvtier::daemon {

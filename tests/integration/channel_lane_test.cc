@@ -1,8 +1,9 @@
-// Heartbeats on kept connections of the memory channel (daemon/kvtierd/heartbeat_lane.h), against
-// the real kvtierd: the lease lives on them alone, and a connection that misbehaves (a secret
-// that does not match, another request, a flood, a client that stops reading) is dropped alone
-// while the other workers' heartbeats go on being answered, and counted in
-// kvtier_connections_dropped_total by what it did.
+// Heartbeats and snapshots on kept connections of the memory channel
+// (daemon/kvtierd/channel_lane.h), against the real kvtierd: the lease lives on heartbeats there
+// alone, snapshots get their plans there (or over gRPC when a plan is too large for the channel),
+// and a connection that misbehaves (a secret that does not match, another request, a flood, a
+// client that stops reading) is dropped alone while the other workers' requests go on being
+// answered, and counted in kvtier_connections_dropped_total by what it did.
 
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "edge/memory_channel.h"
+#include "edge/message_limits.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "tests/integration/support/daemon_process.h"
@@ -263,6 +265,137 @@ TEST(HeartbeatLaneTest, AWorkerHeartbeatsFromARealTimeThreadWhenAllowed) {
       << d->Log();
   client->reset();
   EXPECT_EQ(RealtimeThreads(7), 0);
+}
+
+// A small-page worker (2 KiB T1 pages), so that thousands of pages fit the test's pools.
+v1::RegisterWorkerRequest SmallPages() {
+  v1::RegisterWorkerRequest r;
+  v1::ModelGeometry* g = r.mutable_geometry();
+  g->set_num_layers(2);
+  g->set_num_kv_heads(1);
+  g->set_head_dim(16);
+  g->set_element_bytes(2);
+  g->set_page_tokens(16);
+  g->set_layer_groups(1);
+  r.set_t1_page_bytes(2048);
+  r.set_t2_page_bytes(1024);
+  return r;
+}
+
+// A first snapshot of `pages` pages, all in T0, scores rising with the position.
+v1::SubmitSnapshotRequest FirstSnapshot(uint64_t sequence_id, uint32_t pages) {
+  v1::SubmitSnapshotRequest s;
+  s.set_sequence_id(sequence_id);
+  s.set_length(uint64_t{pages} * 16);
+  s.set_num_pages(pages);
+  for (uint32_t p = 0; p < pages; ++p) s.add_page_scores(static_cast<float>(p % 97));
+  s.set_current_tiers(std::string(pages, '\0'));
+  return s;
+}
+
+v1::PolicyConfig Hierarchy(double hbm_ratio) {
+  v1::PolicyConfig p;
+  p.set_name("hierarchy");
+  p.set_hbm_ratio(hbm_ratio);
+  return p;
+}
+
+TEST(SnapshotLaneTest, SnapshotsGetTheirPlansOnAKeptConnectionAndMisuseDropsItAlone) {
+  int port = 0;
+  auto d = StartDaemon(&port);
+  ASSERT_NE(d, nullptr);
+  auto good = Register(*d);
+  auto other = Register(*d);
+  ASSERT_TRUE(good.ok() && other.ok());
+  auto open = [&](const ManualSession& s) {
+    grpc::ClientContext ctx;
+    v1::OpenSequenceRequest r;
+    r.set_worker_id(s.reg.worker_id());
+    r.set_session_secret(s.reg.session_secret());
+    *r.mutable_policy() = Hierarchy(0.5);
+    v1::OpenSequenceResponse out;
+    EXPECT_TRUE(s.stub->OpenSequence(&ctx, r, &out).ok());
+    return out.sequence_id();
+  };
+  auto signed_snapshot = [](const ManualSession& s, uint64_t seq, uint32_t pages) {
+    v1::ChannelRequest r;
+    *r.mutable_snapshot() = FirstSnapshot(seq, pages);
+    r.mutable_snapshot()->set_worker_id(s.reg.worker_id());
+    r.mutable_snapshot()->set_session_secret(s.reg.session_secret());
+    return r;
+  };
+  const uint64_t seq = open(*good), other_seq = open(*other);
+  edge::UniqueFd kept = Connect(*d);
+  auto first = edge::ChannelExchange(kept.get(), signed_snapshot(*good, seq, 64), nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->has_plan());
+  EXPECT_EQ(first->plan().sequence_id(), seq);
+  EXPECT_GT(first->plan().move_page_size(), 0);  // half the pages leave T0
+  // The same snapshot again on the same connection: the plan in flight, unchanged.
+  auto again = edge::ChannelExchange(kept.get(), signed_snapshot(*good, seq, 64), nullptr);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->plan().SerializeAsString(), first->plan().SerializeAsString());
+  EXPECT_TRUE(d->WaitForLog("snapshot lane: keeps a connection")) << d->Log();
+
+  // Another worker's sequence under this worker's secret: denied, not kept.
+  {
+    edge::UniqueFd fd = Connect(*d);
+    v1::ChannelRequest stolen = signed_snapshot(*other, other_seq, 64);
+    stolen.mutable_snapshot()->set_session_secret(good->reg.session_secret());
+    auto r = edge::ChannelExchange(fd.get(), stolen, nullptr);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+    EXPECT_TRUE(Closed(fd.get(), other->Heartbeat()));
+  }
+  // A heartbeat on a kept snapshot connection.
+  {
+    edge::UniqueFd fd = Connect(*d);
+    ASSERT_TRUE(
+        edge::ChannelExchange(fd.get(), signed_snapshot(*other, other_seq, 32), nullptr).ok());
+    auto r = Beat(fd.get(), other->Heartbeat());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("snapshots only"), absl::string_view::npos);
+    EXPECT_TRUE(Closed(fd.get(), other->Heartbeat()));
+  }
+  // The well-behaved connection was answered throughout.
+  EXPECT_TRUE(edge::ChannelExchange(kept.get(), signed_snapshot(*good, seq, 64), nullptr).ok());
+  EXPECT_EQ(Dropped(port, "snapshot_refused", 1), 1);
+  EXPECT_EQ(Dropped(port, "snapshot_misuse", 1), 1);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_connections_dropped_total"), 2);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_snapshot_lane_connections"), 1);
+}
+
+// The library sends snapshots over the channel; a plan too large for one datagram is refused
+// there after it was recorded, and the client gets it over gRPC by sending the same snapshot
+// again (the plan in flight); the next small snapshot goes over the channel again.
+TEST(SnapshotLaneTest, TheClientTakesAPlanTooLargeForTheChannelOverGrpc) {
+  int port = 0;
+  auto d = StartDaemon(&port);
+  ASSERT_NE(d, nullptr);
+  ClientOptions o;
+  o.address = d->address();
+  o.registration = SmallPages();
+  auto client = WorkerClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto seq = (*client)->OpenSequence(0, Hierarchy(0.1), "large");
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  // 12,000 pages: the snapshot (about 60 KB) fits a datagram; its plan (about 10,800 moves) not.
+  v1::SubmitSnapshotRequest large = FirstSnapshot(*seq, 12000);
+  ASSERT_LT(large.ByteSizeLong() + 16, edge::kMaxChannelMessageBytes);
+  auto plan = (*client)->SubmitSnapshot(large);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->ByteSizeLong(), edge::kMaxChannelMessageBytes);
+  EXPECT_EQ(plan->target_tiers().size(), 12000u);
+  EXPECT_EQ(Dropped(port, "snapshot_refused", 1), 1);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_rpc_requests_total{rpc=\"SubmitSnapshot\"}"), 2)
+      << "once on the channel, once more (the replay) over gRPC";
+  ASSERT_TRUE((*client)->AckPlan(*seq, plan->plan_version(), true, "").ok());
+
+  auto small = (*client)->OpenSequence(0, Hierarchy(0.5), "small");
+  ASSERT_TRUE(small.ok());
+  auto next = (*client)->SubmitSnapshot(FirstSnapshot(*small, 64));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(WaitForMetric(port, "kvtier_snapshot_lane_connections", 1), 1);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_rpc_requests_total{rpc=\"SubmitSnapshot\"}"), 3);
 }
 
 }  // namespace

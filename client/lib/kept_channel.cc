@@ -1,0 +1,101 @@
+#include "client/lib/kept_channel.h"
+
+#include "edge/message_limits.h"
+
+namespace kvtier::internal {
+namespace {
+
+absl::Status StatusOf(const v1::ChannelReply& reply) {
+  const int code = reply.code();
+  return absl::Status(
+      code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kInternal,
+      reply.message());
+}
+
+}  // namespace
+
+std::optional<absl::StatusOr<v1::ChannelReply>> KeptChannel::Exchange(
+    const v1::ChannelRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (declined_) return std::nullopt;
+  if (!fd_.valid()) {
+    absl::StatusOr<edge::UniqueFd> fd = edge::ConnectChannel(channel_path_, timeout_);
+    if (!fd.ok()) return fd.status();
+    fd_ = *std::move(fd);
+  }
+  v1::ChannelReply reply;
+  absl::Status sent = edge::SendMessage(fd_.get(), request, {});
+  absl::StatusOr<std::vector<edge::UniqueFd>> received =
+      sent.ok() ? edge::ReceiveMessage(fd_.get(), &reply) : sent;
+  if (!received.ok()) {
+    // A late answer would pair with the next request: start afresh. The daemon gone (a closed
+    // connection, a refused send) reads as UNAVAILABLE, as it does over gRPC.
+    fd_.Reset();
+    const absl::StatusCode code = received.status().code();
+    return code == absl::StatusCode::kDeadlineExceeded
+               ? received.status()
+               : absl::UnavailableError(received.status().message());
+  }
+  if (reply.code() != 0) fd_.Reset();  // the daemon closes it after a refusal
+  return reply;
+}
+
+void KeptChannel::Decline() {
+  absl::MutexLock lock(&mu_);
+  fd_.Reset();
+  declined_ = true;
+}
+
+void KeptChannel::Retry() {
+  absl::MutexLock lock(&mu_);
+  declined_ = false;
+}
+
+std::optional<absl::Status> ChannelHeartbeat(KeptChannel& channel,
+                                             const v1::HeartbeatRequest& request,
+                                             v1::HeartbeatResponse* response) {
+  v1::ChannelRequest wrapped;
+  *wrapped.mutable_heartbeat() = request;
+  std::optional<absl::StatusOr<v1::ChannelReply>> reply = channel.Exchange(wrapped);
+  if (!reply) return std::nullopt;
+  if (!reply->ok()) return reply->status();
+  if ((*reply)->code() == 0 && (*reply)->has_heartbeat()) {
+    *response = (*reply)->heartbeat();
+    return absl::OkStatus();
+  }
+  const auto code = static_cast<absl::StatusCode>((*reply)->code());
+  // An older daemon (INVALID_ARGUMENT: no such operation): gRPC until the next session. A full
+  // lane: gRPC this time.
+  if ((*reply)->code() == 0 || code == absl::StatusCode::kInvalidArgument) {
+    channel.Decline();
+    return std::nullopt;
+  }
+  if (code == absl::StatusCode::kResourceExhausted) return std::nullopt;
+  return StatusOf(**reply);
+}
+
+std::optional<absl::Status> ChannelSnapshot(KeptChannel& channel,
+                                            const v1::SubmitSnapshotRequest& snapshot,
+                                            v1::TierPlan* plan) {
+  // The request wraps the snapshot in a few bytes of its own.
+  if (snapshot.ByteSizeLong() + 16 > edge::kMaxChannelMessageBytes) return std::nullopt;
+  v1::ChannelRequest wrapped;
+  *wrapped.mutable_snapshot() = snapshot;
+  std::optional<absl::StatusOr<v1::ChannelReply>> reply = channel.Exchange(wrapped);
+  if (!reply) return std::nullopt;
+  if (!reply->ok()) {
+    // A daemon that did not answer in time would not over gRPC either; one whose channel is
+    // gone may still answer there.
+    if (reply->status().code() == absl::StatusCode::kDeadlineExceeded) return reply->status();
+    return std::nullopt;
+  }
+  if ((*reply)->code() == 0) {
+    if (!(*reply)->has_plan()) return std::nullopt;
+    *plan = std::move(*(*reply)->mutable_plan());
+    return absl::OkStatus();
+  }
+  if ((*reply)->code() == static_cast<int>(absl::StatusCode::kUnavailable)) return std::nullopt;
+  return StatusOf(**reply);
+}
+
+}  // namespace kvtier::internal

@@ -1,0 +1,66 @@
+#ifndef KVTIER_CLIENT_LIB_KEPT_CHANNEL_H_
+#define KVTIER_CLIENT_LIB_KEPT_CHANNEL_H_
+
+// A worker's heartbeats, or its snapshots, over a connection of the memory channel that it keeps
+// open: kvtierd answers each kind on a thread of its own (daemon/kvtierd/channel_lane.h), so a
+// lease renewal does not queue behind the snapshots of every worker on the host, and a snapshot
+// skips gRPC's cost, as they do not over gRPC.
+
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "edge/memory_channel.h"
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier::internal {
+
+// Thread-safe: one request at a time on the connection.
+class KeptChannel {
+ public:
+  // `timeout` bounds the connect, the send and the wait for the answer.
+  KeptChannel(std::string channel_path, absl::Duration timeout)
+      : channel_path_(std::move(channel_path)), timeout_(timeout) {}
+
+  // One request and the daemon's reply, whatever its code (the daemon closes the connection after
+  // any request it refused; the next one connects anew). UNAVAILABLE or DEADLINE_EXCEEDED when
+  // the daemon could not be reached in time. nullopt once declined: send it over gRPC.
+  std::optional<absl::StatusOr<v1::ChannelReply>> Exchange(const v1::ChannelRequest& request);
+
+  // The daemon does not take this kind of request on the channel: gRPC until Retry().
+  void Decline();
+  // Tries the channel again (a new session may be a new daemon).
+  void Retry();
+
+ private:
+  const std::string channel_path_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  edge::UniqueFd fd_ ABSL_GUARDED_BY(mu_);
+  bool declined_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One heartbeat on `channel`. The daemon's answer: OK with `response` filled, or the status it
+// gave. UNAVAILABLE or DEADLINE_EXCEEDED when it could not be reached in time. nullopt when the
+// daemon does not take heartbeats on the channel (one that predates them, or one that keeps as
+// many connections as it will): send it over gRPC.
+std::optional<absl::Status> ChannelHeartbeat(KeptChannel& channel,
+                                             const v1::HeartbeatRequest& request,
+                                             v1::HeartbeatResponse* response);
+
+// One snapshot on `channel` (of a daemon whose hello said it takes them). The daemon's answer:
+// OK with `plan` filled, or the status it gave; DEADLINE_EXCEEDED when it did not answer in time.
+// nullopt when the channel cannot carry it (too large for one datagram, declined, the daemon
+// unreachable there or its lane full, the plan too large for the channel): send the same
+// snapshot over gRPC (a resubmission gets the plan in flight).
+std::optional<absl::Status> ChannelSnapshot(KeptChannel& channel,
+                                            const v1::SubmitSnapshotRequest& snapshot,
+                                            v1::TierPlan* plan);
+
+}  // namespace kvtier::internal
+
+#endif  // KVTIER_CLIENT_LIB_KEPT_CHANNEL_H_
