@@ -16,33 +16,57 @@ absl::Status StatusOf(const v1::ChannelReply& reply) {
 
 std::optional<absl::StatusOr<v1::ChannelReply>> KeptChannel::Exchange(
     const v1::ChannelRequest& request) {
-  absl::MutexLock lock(&mu_);
-  if (declined_) return std::nullopt;
-  if (!fd_.valid()) {
-    absl::StatusOr<edge::UniqueFd> fd = edge::ConnectChannel(channel_path_, timeout_);
-    if (!fd.ok()) return fd.status();
-    fd_ = *std::move(fd);
+  edge::UniqueFd fd;
+  {
+    absl::MutexLock lock(&mu_);
+    if (declined_) return std::nullopt;
+    if (!idle_.empty()) {
+      fd = std::move(idle_.back());
+      idle_.pop_back();
+    } else if (open_ < max_connections_) {
+      ++open_;  // connected below, without the lock
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (!fd.valid()) {
+    absl::StatusOr<edge::UniqueFd> connected = edge::ConnectChannel(channel_path_, timeout_);
+    if (!connected.ok()) {
+      Return(edge::UniqueFd(), false);
+      return connected.status();
+    }
+    fd = *std::move(connected);
   }
   v1::ChannelReply reply;
-  absl::Status sent = edge::SendMessage(fd_.get(), request, {});
+  absl::Status sent = edge::SendMessage(fd.get(), request, {});
   absl::StatusOr<std::vector<edge::UniqueFd>> received =
-      sent.ok() ? edge::ReceiveMessage(fd_.get(), &reply) : sent;
+      sent.ok() ? edge::ReceiveMessage(fd.get(), &reply) : sent;
   if (!received.ok()) {
     // A late answer would pair with the next request: start afresh. The daemon gone (a closed
     // connection, a refused send) reads as UNAVAILABLE, as it does over gRPC.
-    fd_.Reset();
+    Return(std::move(fd), false);
     const absl::StatusCode code = received.status().code();
     return code == absl::StatusCode::kDeadlineExceeded
                ? received.status()
                : absl::UnavailableError(received.status().message());
   }
-  if (reply.code() != 0) fd_.Reset();  // the daemon closes it after a refusal
+  Return(std::move(fd), reply.code() == 0);  // the daemon closes it after a refusal
   return reply;
+}
+
+void KeptChannel::Return(edge::UniqueFd fd, bool keep) {
+  absl::MutexLock lock(&mu_);
+  if (keep && !declined_) {
+    idle_.push_back(std::move(fd));
+  } else {
+    --open_;
+  }
 }
 
 void KeptChannel::Decline() {
   absl::MutexLock lock(&mu_);
-  fd_.Reset();
+  open_ -= static_cast<int>(idle_.size());
+  idle_.clear();
   declined_ = true;
 }
 

@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -19,16 +20,20 @@
 
 namespace kvtier::internal {
 
-// Thread-safe: one request at a time on the connection.
+// Thread-safe: one request at a time on each connection, up to `max_connections` at once.
 class KeptChannel {
  public:
   // `timeout` bounds the connect, the send and the wait for the answer.
-  KeptChannel(std::string channel_path, absl::Duration timeout)
-      : channel_path_(std::move(channel_path)), timeout_(timeout) {}
+  KeptChannel(std::string channel_path, absl::Duration timeout, int max_connections = 1)
+      : channel_path_(std::move(channel_path)),
+        timeout_(timeout),
+        max_connections_(max_connections) {}
 
   // One request and the daemon's reply, whatever its code (the daemon closes the connection after
   // any request it refused; the next one connects anew). UNAVAILABLE or DEADLINE_EXCEEDED when
-  // the daemon could not be reached in time. nullopt once declined: send it over gRPC.
+  // the daemon could not be reached in time. nullopt once declined, and while every connection is
+  // busy with another thread's request (rather than queue behind it, as gRPC would not): send it
+  // over gRPC.
   std::optional<absl::StatusOr<v1::ChannelReply>> Exchange(const v1::ChannelRequest& request);
 
   // The daemon does not take this kind of request on the channel: gRPC until Retry().
@@ -37,10 +42,15 @@ class KeptChannel {
   void Retry();
 
  private:
+  // Gives a connection back after a request (kept, or closed when `keep` is false).
+  void Return(edge::UniqueFd fd, bool keep);
+
   const std::string channel_path_;
   const absl::Duration timeout_;
+  const int max_connections_;
   absl::Mutex mu_;
-  edge::UniqueFd fd_ ABSL_GUARDED_BY(mu_);
+  std::vector<edge::UniqueFd> idle_ ABSL_GUARDED_BY(mu_);
+  int open_ ABSL_GUARDED_BY(mu_) = 0;  // idle and in use
   bool declined_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -31,6 +31,10 @@ using internal::ExtentMapping;
 using internal::KeptChannel;
 using DriverPtr = std::shared_ptr<const edge::cuda::Driver>;
 
+// Snapshot connections a client keeps on the memory channel: sequences whose snapshots are in
+// flight at once each take one, up to this; past it a snapshot goes over gRPC.
+constexpr int kSnapshotConnections = 4;
+
 // While the daemon does not answer, heartbeats retry this often, so a session resumes within a
 // fraction of a second of the daemon coming back.
 constexpr absl::Duration kRetryInterval = absl::Milliseconds(100);
@@ -53,7 +57,7 @@ class WorkerClientImpl final : public WorkerClient {
       : options_(options),
         channel_path_(std::move(channel_path)),
         beats_(channel_path_, options.rpc_deadline),
-        snapshots_(channel_path_, options.rpc_deadline),
+        snapshots_(channel_path_, options.rpc_deadline, kSnapshotConnections),
         stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
 
   // After losing the daemon, a fresh channel connects at once instead of waiting out the old

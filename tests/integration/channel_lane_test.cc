@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -396,6 +397,40 @@ TEST(SnapshotLaneTest, TheClientTakesAPlanTooLargeForTheChannelOverGrpc) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(WaitForMetric(port, "kvtier_snapshot_lane_connections", 1), 1);
   EXPECT_EQ(ScrapeMetric(port, "kvtier_rpc_requests_total{rpc=\"SubmitSnapshot\"}"), 3);
+}
+
+// Sequences of one client whose snapshots are in flight at once each take a kept connection, up
+// to four; past that a snapshot goes over gRPC rather than wait for another's answer. Every
+// snapshot gets its plan either way.
+TEST(SnapshotLaneTest, ConcurrentSnapshotsOfOneClientShareAtMostFourConnections) {
+  int port = 0;
+  auto d = StartDaemon(&port);
+  ASSERT_NE(d, nullptr);
+  ClientOptions o;
+  o.address = d->address();
+  o.registration = SmallPages();
+  auto client = WorkerClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int kThreads = 8, kEach = 40;
+  std::vector<std::thread> threads;
+  std::atomic<int> planned{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      auto seq = (*client)->OpenSequence(0, Hierarchy(0.5), "concurrent");
+      if (!seq.ok()) return;
+      for (int i = 0; i < kEach; ++i) {
+        // The same first snapshot again: the plan in flight, so each answer is a whole plan.
+        planned += (*client)->SubmitSnapshot(FirstSnapshot(*seq, 256)).ok();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(planned.load(), kThreads * kEach);
+  const double kept = ScrapeMetric(port, "kvtier_snapshot_lane_connections");
+  EXPECT_GE(kept, 1);
+  EXPECT_LE(kept, 4);
+  EXPECT_EQ(ScrapeMetric(port, "kvtier_rpc_requests_total{rpc=\"SubmitSnapshot\"}"),
+            kThreads * kEach);
 }
 
 }  // namespace
