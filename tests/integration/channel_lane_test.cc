@@ -283,6 +283,14 @@ v1::RegisterWorkerRequest SmallPages() {
   return r;
 }
 
+// The library's client of a SmallPages() worker.
+absl::StatusOr<std::unique_ptr<WorkerClient>> SmallPagesClient(const DaemonProcess& d) {
+  ClientOptions o;
+  o.address = d.address();
+  o.registration = SmallPages();
+  return WorkerClient::Connect(o);
+}
+
 // A first snapshot of `pages` pages, all in T0, scores rising with the position.
 v1::SubmitSnapshotRequest FirstSnapshot(uint64_t sequence_id, uint32_t pages) {
   v1::SubmitSnapshotRequest s;
@@ -372,10 +380,7 @@ TEST(SnapshotLaneTest, TheClientTakesAPlanTooLargeForTheChannelOverGrpc) {
   int port = 0;
   auto d = StartDaemon(&port);
   ASSERT_NE(d, nullptr);
-  ClientOptions o;
-  o.address = d->address();
-  o.registration = SmallPages();
-  auto client = WorkerClient::Connect(o);
+  auto client = SmallPagesClient(*d);
   ASSERT_TRUE(client.ok()) << client.status();
   auto seq = (*client)->OpenSequence(0, Hierarchy(0.1), "large");
   ASSERT_TRUE(seq.ok()) << seq.status();
@@ -406,10 +411,7 @@ TEST(SnapshotLaneTest, ConcurrentSnapshotsOfOneClientShareAtMostFourConnections)
   int port = 0;
   auto d = StartDaemon(&port);
   ASSERT_NE(d, nullptr);
-  ClientOptions o;
-  o.address = d->address();
-  o.registration = SmallPages();
-  auto client = WorkerClient::Connect(o);
+  auto client = SmallPagesClient(*d);
   ASSERT_TRUE(client.ok()) << client.status();
   constexpr int kThreads = 8, kEach = 40;
   std::vector<std::thread> threads;
