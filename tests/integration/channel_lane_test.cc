@@ -435,5 +435,51 @@ TEST(SnapshotLaneTest, ConcurrentSnapshotsOfOneClientShareAtMostFourConnections)
             kThreads * kEach);
 }
 
+// The snapshot lane's real-time priority has a CPU budget: snapshots that keep its thread busy
+// over half a core cost it the priority (the gauge and the log say so) while every one is still
+// answered, and the first snapshot after a quiet window gives it back. Each snapshot here is a
+// fresh decision over 8,000 pages (the previous plan abandoned), so four clients in a closed
+// loop keep the lane's thread all but always busy.
+TEST(SnapshotLaneTest, AFloodOfSnapshotsCostsTheLaneItsPriorityUntilItStops) {
+  if (!MayRunRealtime(1)) GTEST_SKIP() << "this process may not take SCHED_FIFO (nor its kvtierd)";
+  int port = 0;
+  auto d = StartDaemon(&port);
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(d->WaitForLog("snapshot lane: SCHED_FIFO priority 1")) << d->Log();
+  auto client = SmallPagesClient(*d);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto fresh = [](uint64_t seq) {
+    v1::SubmitSnapshotRequest s = FirstSnapshot(seq, 8000);
+    s.set_abandon_pending(true);  // a new decision, not the plan in flight again
+    return s;
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<int> planned{0}, failed{0};
+  std::vector<std::thread> flood;
+  for (int t = 0; t < 4; ++t) {
+    flood.emplace_back([&] {
+      auto seq = (*client)->OpenSequence(0, Hierarchy(0.5), "flood");
+      if (!seq.ok()) return;
+      while (!stop) ((*client)->SubmitSnapshot(fresh(*seq)).ok() ? planned : failed) += 1;
+    });
+  }
+  const bool given_up = d->WaitForLog("snapshot lane: snapshots took over 50% of a core");
+  const double gauge_in_flood = ScrapeMetric(port, "kvtier_snapshot_lane_realtime");
+  stop = true;
+  for (std::thread& t : flood) t.join();
+  EXPECT_TRUE(given_up) << d->Log();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(planned.load(), 0);
+  EXPECT_EQ(gauge_in_flood, 0);  // still given up: every window of the flood was over budget
+
+  // Quiet for two windows, then one snapshot: the priority is back.
+  absl::SleepFor(absl::Milliseconds(300));
+  auto seq = (*client)->OpenSequence(0, Hierarchy(0.5), "after");
+  ASSERT_TRUE(seq.ok());
+  ASSERT_TRUE((*client)->SubmitSnapshot(FirstSnapshot(*seq, 64)).ok());
+  EXPECT_TRUE(d->WaitForLog("snapshot lane: back to SCHED_FIFO")) << d->Log();
+  EXPECT_EQ(WaitForMetric(port, "kvtier_snapshot_lane_realtime", 1), 1);
+}
+
 }  // namespace
 }  // namespace kvtier::testing
