@@ -92,7 +92,7 @@ void ChannelLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials& 
           connection.get(),
           edge::ChannelErrorReply(lane_ == Lane::kHeartbeat ? absl::ResourceExhaustedError(why)
                                                             : absl::UnavailableError(why)));
-      CountDrop(Metrics::ConnectionDrop::kHeartbeatLaneFull);
+      CountDrop(PeerFault::kLaneFull);
       return;
     }
   }
@@ -122,11 +122,12 @@ absl::StatusOr<v1::ChannelReply> ChannelLane::Ask(const edge::PeerCredentials& p
                                                   const v1::ChannelRequest& request) {
   if (lane_ == Lane::kHeartbeat) return core_->ChannelHeartbeat(peer, request.heartbeat());
   absl::StatusOr<v1::ChannelReply> reply = core_->ChannelSnapshot(peer, request.snapshot());
-  if (reply.ok() && reply->ByteSizeLong() > edge::kMaxChannelMessageBytes) {
+  if (!reply.ok()) return reply;
+  if (const size_t bytes = reply->ByteSizeLong(); bytes > edge::kMaxChannelMessageBytes) {
     // The plan is in flight now; the same snapshot over gRPC gets it (a resubmission's answer).
-    return absl::UnavailableError(
-        absl::StrCat("the plan's ", reply->ByteSizeLong(), " bytes exceed the channel's ",
-                     edge::kMaxChannelMessageBytes, "; resend over gRPC"));
+    return absl::UnavailableError(absl::StrCat("the plan's ", bytes, " bytes exceed the channel's ",
+                                               edge::kMaxChannelMessageBytes,
+                                               "; resend over gRPC"));
   }
   return reply;
 }
@@ -138,14 +139,14 @@ bool ChannelLane::Answer(int fd, const edge::PeerCredentials& peer,
     // A refused request ends the connection: a lost lease or a restarted daemon (the worker
     // registers again and connects anew), a session it may not speak for, a bad snapshot.
     (void)SendNow(fd, edge::ChannelErrorReply(reply.status()));
-    CountDrop(Metrics::ConnectionDrop::kHeartbeatRefused);
+    CountDrop(PeerFault::kRefused);
     if (reply.status().code() == absl::StatusCode::kPermissionDenied) {
       log_warning_(absl::StrCat(name_, ": pid ", peer.pid, ": ", reply.status().message()));
     }
     return false;
   }
   if (SendNow(fd, *reply)) return true;
-  CountDrop(Metrics::ConnectionDrop::kHeartbeatUnread);
+  CountDrop(PeerFault::kUnread);
   log_warning_(absl::StrCat(name_, ": dropped pid ", peer.pid,
                             ": its answer could not be sent (left unread, or the connection "
                             "closed)"));
@@ -183,7 +184,7 @@ bool ChannelLane::Serve(Connection& c) {
     (void)SendNow(c.fd.get(), edge::ChannelErrorReply(absl::InvalidArgumentError(
                                   absl::StrCat("a kept channel connection carries ",
                                                heartbeats ? "heartbeats" : "snapshots", " only"))));
-    CountDrop(Metrics::ConnectionDrop::kHeartbeatMisuse);
+    CountDrop(PeerFault::kMisuse);
     return false;
   }
   const absl::Time now = absl::Now();
@@ -209,7 +210,7 @@ bool ChannelLane::WithinRate(Connection& c, absl::Time now) {
   (void)SendNow(c.fd.get(), edge::ChannelErrorReply(absl::ResourceExhaustedError(absl::StrCat(
                                 "heartbeats faster than ", kMaxBeatsPerSecond, " a second"))));
   log_warning_(absl::StrCat(name_, ": dropped pid ", c.peer.pid, ": too many heartbeats"));
-  CountDrop(Metrics::ConnectionDrop::kHeartbeatTooFast);
+  CountDrop(PeerFault::kTooFast);
   return false;
 }
 
@@ -243,29 +244,18 @@ void ChannelLane::Drop(int fd) {
   GaugeConnectionsLocked();
 }
 
-void ChannelLane::CountDrop(Metrics::ConnectionDrop heartbeat_reason) {
-  if (options_.metrics == nullptr) return;
+void ChannelLane::CountDrop(PeerFault fault) {
   using D = Metrics::ConnectionDrop;
-  D reason = heartbeat_reason;
-  if (lane_ == Lane::kSnapshot) {
-    switch (heartbeat_reason) {
-      case D::kHeartbeatUnread:
-        reason = D::kSnapshotUnread;
-        break;
-      case D::kHeartbeatRefused:
-        reason = D::kSnapshotRefused;
-        break;
-      case D::kHeartbeatMisuse:
-        reason = D::kSnapshotMisuse;
-        break;
-      case D::kHeartbeatLaneFull:
-        reason = D::kSnapshotLaneFull;
-        break;
-      default:  // no rate on snapshot connections: nothing else to count
-        break;
-    }
-  }
-  options_.metrics->CountDroppedConnection(reason);
+  // Per lane (heartbeat, snapshot), in PeerFault's order. Snapshot connections have no rate,
+  // so the snapshot lane never counts kTooFast.
+  static constexpr D kReasons[2][5] = {
+      {D::kHeartbeatUnread, D::kHeartbeatTooFast, D::kHeartbeatRefused, D::kHeartbeatMisuse,
+       D::kHeartbeatLaneFull},
+      {D::kSnapshotUnread, D::kHeartbeatTooFast, D::kSnapshotRefused, D::kSnapshotMisuse,
+       D::kSnapshotLaneFull}};
+  if (options_.metrics == nullptr) return;
+  options_.metrics->CountDroppedConnection(
+      kReasons[static_cast<int>(lane_)][static_cast<int>(fault)]);
 }
 
 void ChannelLane::GaugeConnectionsLocked() {

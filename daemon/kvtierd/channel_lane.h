@@ -112,8 +112,9 @@ class ChannelLane {
   // False (answered, counted) when a heartbeat connection sends faster than its rate.
   bool WithinRate(Connection& c, absl::Time now);
   void Drop(int fd);
-  // `heartbeat_reason` names the drop; a snapshot lane counts its own reason of that kind.
-  void CountDrop(Metrics::ConnectionDrop heartbeat_reason);
+  // What a dropped connection's peer did, counted under the lane's own reason for it.
+  enum class PeerFault : int { kUnread, kTooFast, kRefused, kMisuse, kLaneFull };
+  void CountDrop(PeerFault fault);
   // Sets the kept-connections gauge; needs mu_ for the count.
   void GaugeConnectionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up or takes back the real-time priority as the valve says, after `cost` of work.
