@@ -476,6 +476,11 @@ absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::Heartbeat(
 absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::ChannelHeartbeat(
     const edge::PeerCredentials& peer, const v1::HeartbeatRequest& request) {
   PiMutexLock lock(&mu_);
+  // Worker 0 is never issued: a health probe's heartbeat (edge/health_probe.h), refused through
+  // the lock a worker's takes and counted as no worker's error.
+  if (request.worker_id() == 0) {
+    return absl::FailedPreconditionError("worker_id 0 is never issued (a health probe?)");
+  }
   absl::StatusOr<v1::HeartbeatResponse> beat =
       Count(Metrics::Rpc::kHeartbeat, HeartbeatLocked(request, &peer));
   if (!beat.ok()) return beat.status();

@@ -139,7 +139,9 @@ bool ChannelLane::Answer(int fd, const edge::PeerCredentials& peer,
     // A refused request ends the connection: a lost lease or a restarted daemon (the worker
     // registers again and connects anew), a session it may not speak for, a bad snapshot.
     (void)SendNow(fd, edge::ChannelErrorReply(reply.status()));
-    CountDrop(PeerFault::kRefused);
+    // A health probe's heartbeat (worker 0, never issued) is no peer's fault.
+    const bool probe = lane_ == Lane::kHeartbeat && request.heartbeat().worker_id() == 0;
+    if (!probe) CountDrop(PeerFault::kRefused);
     if (reply.status().code() == absl::StatusCode::kPermissionDenied) {
       log_warning_(absl::StrCat(name_, ": pid ", peer.pid, ": ", reply.status().message()));
     }

@@ -63,11 +63,19 @@ def check_daemonset(ds, path):
     limits = c.get("resources", {}).get("limits", {})
     requests = c.get("resources", {}).get("requests", {})
     check("memory" in limits and "memory" in requests, f"{path}: memory requests and limits")
-    probe = c.get("livenessProbe", {}).get("exec", {}).get("command", [])
-    check(any(a.endswith("kvtierctl") for a in probe) and "status" in probe,
-          f"{path}: livenessProbe must run kvtierctl status, got {probe}")
-    check("--socket" in probe and "/run/kvtier/kvtierd.sock" in probe,
-          f"{path}: the liveness probe must name the socket")
+    # The probes see what workers see: `kvtierctl health` (the channel and gRPC), not `status`
+    # (gRPC alone), with a deadline per check that fits the probe's own timeout.
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        p = c.get(kind, {})
+        probe = p.get("exec", {}).get("command", [])
+        check(any(a.endswith("kvtierctl") for a in probe) and "health" in probe,
+              f"{path}: {kind} must run kvtierctl health, got {probe}")
+        check("--socket" in probe and "/run/kvtier/kvtierd.sock" in probe,
+              f"{path}: the {kind} must name the socket")
+        timeout = float(probe[probe.index("--timeout") + 1]) if "--timeout" in probe else 2.0
+        check(p.get("timeoutSeconds", 1) >= 3 * timeout,
+              f"{path}: {kind}.timeoutSeconds {p.get('timeoutSeconds', 1)} must cover three "
+              f"checks of --timeout {timeout} s")
 
 
 def check_configmap(cm, path, kvtierd):
