@@ -6,6 +6,7 @@
 // datagram, the reply's file descriptors attached with SCM_RIGHTS. The server learns the peer
 // from the kernel (SO_PEERCRED, SO_PEERGROUPS), never from the message.
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <string>
@@ -20,6 +21,8 @@ namespace kvtier::edge {
 
 // The most descriptors one reply carries (the kernel's limit is 253).
 inline constexpr int kMaxFdsPerMessage = 65;
+// The most descriptors the kernel attaches to one unix datagram (SCM_MAX_FD).
+inline constexpr int kMaxFdsPerDatagram = 253;
 
 // A file descriptor closed on destruction. Move-only.
 class UniqueFd {
@@ -68,6 +71,14 @@ absl::Status SendMessage(int socket_fd, const google::protobuf::MessageLite& mes
 // truncated datagram or descriptor list is INVALID_ARGUMENT (the descriptors are closed).
 absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
                                                      google::protobuf::MessageLite* message);
+// As ReceiveMessage, but every descriptor attached comes back in `*attached` whatever the status,
+// so that the caller decides on which thread they close: closing a descriptor a peer chose can
+// block (a TCP socket lingering on unsent data, a file on a stuck FUSE mount). The control
+// buffer takes the kernel's most (SCM_MAX_FD) so that none is dropped, and closed, by recvmsg.
+// Appends the descriptors attached (SCM_RIGHTS) to a message recvmsg filled in to `*out`.
+void CollectDescriptors(msghdr& msg, std::vector<UniqueFd>* out);
+absl::Status ReceiveWithDescriptors(int socket_fd, google::protobuf::MessageLite* message,
+                                    std::vector<UniqueFd>* attached);
 
 // Server side: the reply that carries `status` (not OK) to the caller.
 v1::ChannelReply ChannelErrorReply(const absl::Status& status);

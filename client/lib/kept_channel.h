@@ -55,9 +55,9 @@ class KeptChannel {
 };
 
 // One heartbeat on `channel`. The daemon's answer: OK with `response` filled, or the status it
-// gave. UNAVAILABLE or DEADLINE_EXCEEDED when it could not be reached in time. nullopt when the
-// daemon does not take heartbeats on the channel (one that predates them, or one that keeps as
-// many connections as it will): send it over gRPC.
+// gave. nullopt when the daemon does not take heartbeats on the channel (one that predates them,
+// or one that keeps as many connections as it will), and when the channel gave no answer in time
+// or none at all (a lane wedged or gone must not let the lease lapse): send it over gRPC, once.
 std::optional<absl::Status> ChannelHeartbeat(KeptChannel& channel,
                                              const v1::HeartbeatRequest& request,
                                              v1::HeartbeatResponse* response);

@@ -106,6 +106,12 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
       Integer([c](int64_t v) { c->server.heartbeat_priority = static_cast<int>(v); }, 0, 99);
   s["server.snapshot_priority"] =
       Integer([c](int64_t v) { c->server.snapshot_priority = static_cast<int>(v); }, 0, 99);
+  s["server.channel_connections"] =
+      Integer([c](int64_t v) { c->server.channel_connections = static_cast<int>(v); }, 1, 65536);
+  s["server.channel_connections_per_uid"] = Integer(
+      [c](int64_t v) { c->server.channel_connections_per_uid = static_cast<int>(v); }, 1, 65536);
+  s["server.channel_request_timeout_ms"] = Integer(
+      [c](int64_t v) { c->server.channel_request_timeout = absl::Milliseconds(v); }, 10, 60'000);
   s["pools.ddr_mib"] = Mebibytes(&c->core.ddr_pool_bytes, 1);
   s["pools.compressed_mib"] = Mebibytes(&c->core.compressed_pool_bytes, 1);
   s["pools.shm_prefix"] = [c](const toml::node& n, const std::string& where) -> absl::Status {

@@ -302,7 +302,10 @@ int Serve(const Flags& flags, DaemonConfig config) {
                          .metrics = metrics.get()},
       [&log](const std::string& m) { log.Info(m); },
       [&log](const std::string& m) { log.Warning(m); },
-      [&log](const std::string& m) { log.Debug(m); });
+      [&log](const std::string& m) { log.Debug(m); },
+      ChannelServerLimits{.max_connections = config.server.channel_connections,
+                          .max_connections_per_uid = config.server.channel_connections_per_uid,
+                          .request_timeout = config.server.channel_request_timeout});
   KvTierService service(core->get(), config.policy, config.server.policy_threads);
   grpc::ServerBuilder builder;
   // Never share a TCP port with another process (a second daemon must fail, not split load).
