@@ -3,23 +3,17 @@
 // capped everyone on the link at 1 B/s). Another uid's worker must still register, and get the
 // grant its own declaration earns; no refusal names the squatter.
 
-#include <grp.h>
-#include <poll.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <functional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "tests/integration/support/daemon_process.h"
+#include "tests/integration/support/fork_as.h"
 #include "tests/integration/support/manual_session.h"
 
 namespace kvtier::testing {
@@ -27,69 +21,6 @@ namespace {
 
 constexpr uid_t kSquatter = 65534, kVictim = 65533;
 constexpr double kVictimBandwidth = 5e10;
-
-// A socket directory other users can traverse (mkdtemp's own is 0700).
-std::string SharedSocket(const std::string& name) {
-  const std::string dir =
-      ::testing::TempDir() + "/kvtier-adv-" + name + "-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  chmod(dir.c_str(), 0755);
-  return dir + "/kvtierd.sock";
-}
-
-struct Child {
-  pid_t pid = -1;
-  int go_write = -1, report_read = -1;
-};
-
-// Runs `body` in a child that dropped to `uid` with gid 0 (the pool group of a daemon run by
-// root, so it may register by default). The child writes lines to `report`; it may wait for the
-// parent to close `go` (its end: go_read). Forked before this process touches gRPC.
-Child ForkAs(uid_t uid, std::function<int(int go_read, FILE* report)> body) {
-  int go[2], rep[2];
-  if (pipe(go) != 0 || pipe(rep) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(go[1]);
-    close(rep[0]);
-    FILE* report = fdopen(rep[1], "w");
-    setvbuf(report, nullptr, _IOLBF, 0);
-    if (setgroups(0, nullptr) != 0 || setgid(0) != 0 || setuid(uid) != 0) {
-      std::fprintf(report, "FAIL cannot drop to uid %d\n", uid);
-      _exit(90);
-    }
-    _exit(body(go[0], report));
-  }
-  close(go[0]);
-  close(rep[1]);
-  return {pid, go[1], rep[0]};
-}
-
-std::string ReadLine(int fd, absl::Duration timeout) {
-  std::string line;
-  const absl::Time end = absl::Now() + timeout;
-  char c;
-  while (absl::Now() < end) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    if (read(fd, &c, 1) != 1 || c == '\n') break;
-    line.push_back(c);
-  }
-  return line;
-}
-
-std::string Finish(Child& c, int* exit_code) {
-  close(c.go_write);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(c.report_read, buf, sizeof(buf))) > 0) out.append(buf, n);
-  close(c.report_read);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-  return out;
-}
 
 ClientOptions Declaring(const std::string& address, const std::string& link, double bandwidth,
                         uint32_t numa) {
@@ -165,57 +96,55 @@ int Victim(const std::string& address, int go, FILE* report) {
   return failures;
 }
 
-TEST(LinkSquattingTest, AnotherUidsDeclarationsNeitherRefuseNorThrottleAWorker) {
-  const std::string socket = SharedSocket("squat");
-  auto daemon = DaemonProcess::Start({.socket_path = socket});
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
+// What the squatter and the victim said, against a daemon started with `config_text`.
+struct Outcome {
+  std::string squatter_ids;  // its two workers' ids, space-separated
+  std::string victim_report;
+  int victim_exit = -1, squatter_exit = -1;
+};
+
+Outcome Attack(const std::string& name, const std::string& config_text) {
+  Outcome out;
+  auto daemon =
+      DaemonProcess::Start({.config_text = config_text, .socket_path = SharedSocket(name)});
+  EXPECT_TRUE(daemon.ok()) << daemon.status();
+  if (!daemon.ok()) return out;
   const std::string address = (*daemon)->address();
   Child squatter =
       ForkAs(kSquatter, [&](int go, FILE* report) { return Squat(address, go, report); });
   Child victim = ForkAs(kVictim, [&](int go, FILE* report) { return Victim(address, go, report); });
-  ASSERT_GT(squatter.pid, 0);
-  ASSERT_GT(victim.pid, 0);
-  const std::string ids = ReadLine(squatter.report_read, absl::Seconds(15));
-  ASSERT_EQ(write(victim.go_write, "g", 1), 1);
-  int victim_exit = -1, squatter_exit = -1;
-  const std::string victim_report = Finish(victim, &victim_exit);
-  const std::string squatter_report = Finish(squatter, &squatter_exit);
-  ASSERT_EQ(squatter_exit, 0) << ids << squatter_report;
-  EXPECT_EQ(victim_exit, 0) << victim_report;
-  EXPECT_NE(victim_report.find("gpu0 register: OK"), std::string::npos) << victim_report;
-  for (absl::string_view id : absl::StrSplit(ids, ' ', absl::SkipEmpty())) {
-    EXPECT_EQ(victim_report.find(absl::StrCat("worker ", id)), std::string::npos)
-        << "a refusal names the squatter (worker " << id << "): " << victim_report;
+  out.squatter_ids = ReadLine(squatter.report_read);  // its workers are registered
+  if (write(victim.go_write, "g", 1) != 1) ADD_FAILURE() << "the victim is gone";
+  out.victim_exit = Wait(victim, &out.victim_report);
+  std::string ignored;
+  out.squatter_exit = Wait(squatter, &ignored);
+  EXPECT_EQ(out.squatter_exit, 0) << out.squatter_ids << ignored;
+  return out;
+}
+
+TEST(LinkSquattingTest, AnotherUidsDeclarationsNeitherRefuseNorThrottleAWorker) {
+  const Outcome o = Attack("squat", "");
+  EXPECT_EQ(o.victim_exit, 0) << o.victim_report;
+  EXPECT_NE(o.victim_report.find("gpu0 register: OK"), std::string::npos) << o.victim_report;
+  for (absl::string_view id : absl::StrSplit(o.squatter_ids, ' ', absl::SkipEmpty())) {
+    EXPECT_EQ(o.victim_report.find(absl::StrCat("worker ", id)), std::string::npos)
+        << "a refusal names the squatter (worker " << id << "): " << o.victim_report;
   }
-  std::printf("squatter worker ids: %s\nvictim:\n%s", ids.c_str(), victim_report.c_str());
+  std::printf("squatter worker ids: %s\nvictim:\n%s", o.squatter_ids.c_str(),
+              o.victim_report.c_str());
 }
 
 // An operator's [links] entry fixes the link's bandwidth and NUMA node: declarations (even of
 // another uid) neither refuse a worker on it nor lower what it carries.
 TEST(LinkSquattingTest, AnOperatorsLinkTableOverridesEveryDeclaration) {
-  const std::string socket = SharedSocket("table");
-  auto daemon = DaemonProcess::Start(
-      {.config_text = "[links]\ngpu0 = { bytes_per_second = 2e10, numa_node = 0 }\n"
-                      "gpu1 = { bytes_per_second = 2e10, numa_node = 0 }\n",
-       .socket_path = socket});
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  const std::string address = (*daemon)->address();
-  Child squatter =
-      ForkAs(kSquatter, [&](int go, FILE* report) { return Squat(address, go, report); });
-  Child victim = ForkAs(kVictim, [&](int go, FILE* report) { return Victim(address, go, report); });
-  ASSERT_GT(squatter.pid, 0);
-  ASSERT_GT(victim.pid, 0);
-  const std::string ids = ReadLine(squatter.report_read, absl::Seconds(15));
-  ASSERT_EQ(write(victim.go_write, "g", 1), 1);
-  int victim_exit = -1, squatter_exit = -1;
-  const std::string victim_report = Finish(victim, &victim_exit);
-  Finish(squatter, &squatter_exit);
-  ASSERT_EQ(squatter_exit, 0) << ids;
-  EXPECT_EQ(victim_exit, 0) << victim_report;
+  const Outcome o = Attack("table",
+                           "[links]\ngpu0 = { bytes_per_second = 2e10, numa_node = 0 }\n"
+                           "gpu1 = { bytes_per_second = 2e10, numa_node = 0 }\n");
+  EXPECT_EQ(o.victim_exit, 0) << o.victim_report;
   // The grant never exceeds what the operator says the link carries.
-  const size_t at = victim_report.find("gpu1 grant: ");
-  ASSERT_NE(at, std::string::npos) << victim_report;
-  EXPECT_LE(std::stod(victim_report.substr(at + 12)), 2e10) << victim_report;
+  const size_t at = o.victim_report.find("gpu1 grant: ");
+  ASSERT_NE(at, std::string::npos) << o.victim_report;
+  EXPECT_LE(std::stod(o.victim_report.substr(at + 12)), 2e10) << o.victim_report;
 }
 
 }  // namespace
