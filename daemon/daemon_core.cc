@@ -1,7 +1,6 @@
 #include "daemon/daemon_core.h"
 
 #include <fcntl.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -927,25 +926,16 @@ absl::Status ValidateOptions(const CoreOptions& o) {
 }
 
 // Extents must be creatable before any worker relies on them: one of each pool is made and
-// dropped, and an extent directory must have room for both budgets.
+// dropped. An extent directory is refused: files there cannot be sealed (tmpfs seals only
+// memfds), so a worker could grow its own extent and fill the filesystem for every worker.
 absl::Status ProbeExtents(const CoreOptions& o) {
   if (!o.extent_dir.empty()) {
-    struct statvfs st;
-    if (statvfs(o.extent_dir.c_str(), &st) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("pools.extent_dir \"", o.extent_dir, "\": ", std::strerror(errno)));
-    }
-    const uint64_t room = uint64_t{st.f_bavail} * st.f_frsize;
-    const uint64_t need = o.ddr_pool_bytes + o.compressed_pool_bytes;
-    if (room < need) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("pools.extent_dir \"", o.extent_dir, "\" has ", room >> 20,
-                       " MiB free but the DDR and "
-                       "compressed budgets need ",
-                       need >> 20,
-                       " MiB: grow the tmpfs or lower pools.ddr_mib "
-                       "and pools.compressed_mib"));
-    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pools.extent_dir = \"", o.extent_dir,
+        "\" is refused: files in a directory cannot be sealed against growing (only memfds "
+        "can), so any worker could grow its extent and fill that filesystem for every other "
+        "worker; leave it empty (sealed memfd extents) and bound the daemon's memory with its "
+        "cgroup (MemoryMax=, docs/security.md)"));
   }
   for (int i = 0; i < 2; ++i) {
     const uint64_t capacity = i == 0 ? o.ddr_pool_bytes : o.compressed_pool_bytes;

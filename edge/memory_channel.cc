@@ -177,7 +177,8 @@ v1::ChannelReply ChannelErrorReply(const absl::Status& status) {
   return reply;
 }
 
-absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout) {
+absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout,
+                                        const DaemonUids* daemon) {
   absl::StatusOr<sockaddr_un> addr = Address(channel_path);
   if (!addr.ok()) return addr.status();
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -185,6 +186,9 @@ absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::D
   SetTimeouts(sock.get(), timeout);
   if (connect(sock.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     return Errno(absl::StrCat("connect to the memory channel ", channel_path));
+  }
+  if (daemon != nullptr) {
+    if (absl::Status s = CheckDaemonPeer(sock.get(), channel_path, *daemon); !s.ok()) return s;
   }
   return sock;
 }
@@ -205,8 +209,9 @@ absl::StatusOr<v1::ChannelReply> ChannelExchange(int socket_fd, const v1::Channe
 
 absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
                                              const v1::ChannelRequest& request,
-                                             std::vector<UniqueFd>* fds, absl::Duration timeout) {
-  absl::StatusOr<UniqueFd> sock = ConnectChannel(channel_path, timeout);
+                                             std::vector<UniqueFd>* fds, absl::Duration timeout,
+                                             const DaemonUids* daemon) {
+  absl::StatusOr<UniqueFd> sock = ConnectChannel(channel_path, timeout, daemon);
   if (!sock.ok()) return sock.status();
   return ChannelExchange(sock->get(), request, fds);
 }

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "edge/daemon_identity.h"
 #include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier::edge {
@@ -84,17 +85,21 @@ absl::Status ReceiveWithDescriptors(int socket_fd, google::protobuf::MessageLite
 v1::ChannelReply ChannelErrorReply(const absl::Status& status);
 
 // Client side: a connection to `channel_path` whose sends and receives block at most `timeout`.
-absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout);
+// With `daemon`, the peer must be one of its uids (CheckDaemonPeer): a client checks every
+// connection, so that nobody who can bind a socket at the path hears what it says.
+absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout,
+                                        const DaemonUids* daemon = nullptr);
 // Sends `request` on a connected socket and returns the reply and its descriptors. A reply whose
 // code is not OK comes back as that status with its message.
 absl::StatusOr<v1::ChannelReply> ChannelExchange(int socket_fd, const v1::ChannelRequest& request,
                                                  std::vector<UniqueFd>* fds);
 // Both, on a connection of its own: connects to `channel_path`, sends `request`, returns the
-// reply. No step blocks longer than `timeout`.
+// reply. No step blocks longer than `timeout`. `daemon` as in ConnectChannel.
 absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
                                              const v1::ChannelRequest& request,
                                              std::vector<UniqueFd>* fds,
-                                             absl::Duration timeout = absl::Seconds(2));
+                                             absl::Duration timeout = absl::Seconds(2),
+                                             const DaemonUids* daemon = nullptr);
 
 // Server side: a listening SOCK_SEQPACKET socket at `path` (an existing socket file is
 // replaced), mode `mode`, optionally given to group `gid` (-1 = leave).

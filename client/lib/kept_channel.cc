@@ -30,7 +30,8 @@ std::optional<absl::StatusOr<v1::ChannelReply>> KeptChannel::Exchange(
     }
   }
   if (!fd.valid()) {
-    absl::StatusOr<edge::UniqueFd> connected = edge::ConnectChannel(channel_path_, timeout_);
+    absl::StatusOr<edge::UniqueFd> connected =
+        edge::ConnectChannel(channel_path_, timeout_, &daemon_);
     if (!connected.ok()) {
       Return(edge::UniqueFd(), false);
       return connected.status();
