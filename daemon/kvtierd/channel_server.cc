@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "edge/peer_process.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -62,6 +63,13 @@ void ChannelServer::Serve(edge::UniqueFd owned) {
   absl::StatusOr<edge::PeerCredentials> peer = edge::PeerOf(connection);
   v1::ChannelRequest request;
   absl::StatusOr<std::vector<edge::UniqueFd>> sent_fds = edge::ReceiveMessage(connection, &request);
+  // Hellos and fetches name the process (a pidfd): tickets are budgeted per process, and pool
+  // memory stays charged until the process that received it exits. Without a pidfd the core
+  // refuses extents (and budgets tickets by uid).
+  if (peer.ok() && (request.has_hello() || request.has_fetch_extents())) {
+    auto process = edge::PeerProcess::OfSocket(connection, peer->pid);
+    if (process.ok()) peer->process = *std::move(process);
+  }
   if (!peer.ok() || !sent_fds.ok()) {
     const absl::Status& s = !peer.ok() ? peer.status() : sent_fds.status();
     log_debug_(absl::StrCat("memory channel: dropped a request: ", s.message()));

@@ -24,6 +24,9 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->core.pool_backend, built_in.core.pool_backend);
   EXPECT_EQ(parsed->core.numa_node, built_in.core.numa_node);
   EXPECT_EQ(parsed->core.cuda_library, built_in.core.cuda_library);
+  // Operators: none but the daemon's own uid (root pods are tenants too).
+  EXPECT_EQ(parsed->core.security.operator_uids, built_in.core.security.operator_uids);
+  EXPECT_TRUE(built_in.core.security.operator_uids.empty());
 }
 
 TEST(ConfigTest, ReadsEveryPoolBackendAndANumaNode) {
