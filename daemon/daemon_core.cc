@@ -725,6 +725,8 @@ absl::StatusOr<v1::GetStatusResponse> DaemonCoreImpl::GetStatus(
 
 DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusRequest& r) {
   const absl::Duration now = clock_->Now();
+  // Draining extents let go of since the reaper last looked are shown returned, not draining.
+  if (!draining_.empty()) ReleaseDrainedLocked();
   StatusRows rows;
   v1::GetStatusResponse& resp = rows.head;
   resp.set_version(KVTIER_VERSION);
