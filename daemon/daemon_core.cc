@@ -36,8 +36,13 @@ constexpr uint64_t kMaxPromptTokens = 1ull << 32;
 constexpr uint64_t kMaxSlotSlack = 2;
 constexpr absl::Duration kTicketTtl = absl::Seconds(30);
 constexpr size_t kMaxTickets = 4096;
-// Outstanding tickets one uid may hold, so no user can spend the others' share.
-constexpr size_t kMaxTicketsPerUid = 64;
+// Outstanding tickets one process may hold, so that no process spends another's share: root
+// worker pods (or any uid several tenants share) are told apart by their process (pidfd). A
+// peer the daemon holds no pidfd of counts against its uid's share of the same size.
+constexpr size_t kMaxTicketsPerProcess = 64;
+// Outstanding tickets of all the processes of one uid: a quarter of the node's, so that one
+// user's many processes cannot spend every other user's share.
+constexpr size_t kMaxTicketsPerUid = kMaxTickets / 4;
 constexpr uint32_t kExtentsPerReply = edge::kMaxFdsPerMessage - 1;  // the header rides first
 
 uint64_t Ms(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
@@ -169,6 +174,11 @@ double DaemonCoreImpl::StepSecondsLocked(uint64_t id) const {
 absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
                                                               const std::string& secret, Via via) {
   auto it = workers_.find(id);
+  if (it == workers_.end()) {
+    if (auto r = revoked_.find(id); r != revoked_.end()) {
+      return absl::PermissionDeniedError(r->second);
+    }
+  }
   if (it != workers_.end() && !edge::SecretsEqual(secret, it->second.secret)) {
     return absl::PermissionDeniedError(absl::StrCat("session_secret does not match worker_id ", id,
                                                     secret.empty() ? " (none given)" : ""));
@@ -283,6 +293,7 @@ void DaemonCoreImpl::FreeWorkerLocked(uint64_t worker_id) {
   WorkerRec& w = it->second;
   std::vector<uint64_t> seqs(w.sequences.begin(), w.sequences.end());
   for (uint64_t id : seqs) FreeSequenceLocked(w, id);
+  RetireMemoryLocked(w);
   workers_.erase(it);
   PiMutexLock lease_lock(&lease_mu_);
   leases_.erase(worker_id);
@@ -305,6 +316,9 @@ void DaemonCoreImpl::UpdateGaugesLocked() {
     metrics_->SetPool(t, pools_[i]->capacity(), used_bytes_[i], pools_[i]->reserved_bytes() - spare,
                       slots_used_[i], spare);
   }
+  uint64_t holders = 0;
+  for (const DrainingMemory& d : draining_) holders += d.holders.size();
+  metrics_->SetDraining(draining_bytes_, holders);
   metrics_->SetPlacementTokens(total_tokens_);
   metrics_->SetHbmSavedBytes(total_full_bytes_ - total_t0_bytes_);
   metrics_->SetRegistry(workers_.size(), sequences_.size());
@@ -315,8 +329,8 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::Hello(const edge::PeerCredentia
   return Count(Metrics::Rpc::kChannelHello, HelloLocked(peer));
 }
 
-absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::HelloLocked(const edge::PeerCredentials& peer) {
-  const SecurityOptions& sec = options_.security;
+absl::Status DaemonCoreImpl::AllowedLocked(const SecurityOptions& sec,
+                                           const edge::PeerCredentials& peer) const {
   const gid_t pool_gid = sec.pool_gid == static_cast<gid_t>(-1) ? daemon_gid_ : sec.pool_gid;
   const bool by_default = sec.allow_uids.empty() && sec.allow_gids.empty();
   bool allowed;
@@ -334,26 +348,49 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::HelloLocked(const edge::PeerCre
                         "] and in no group of security.allow_gids [",
                         absl::StrJoin(sec.allow_gids, ", "), "]");
   }
-  if (!allowed) {
-    return absl::PermissionDeniedError(absl::StrCat("uid ", peer.uid, " (gid ", peer.gid, ", pid ",
-                                                    peer.pid, ") may not register: ", rule));
-  }
+  if (allowed) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("uid ", peer.uid, " (gid ", peer.gid, ", pid ",
+                                                  peer.pid, ") may not register: ", rule));
+}
+
+absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::HelloLocked(const edge::PeerCredentials& peer) {
+  const SecurityOptions& sec = options_.security;
+  RETURN_IF_ERROR(AllowedLocked(sec, peer));
   const absl::Duration now = clock_->Now();
   absl::erase_if(tickets_, [&](const auto& kv) { return kv.second.expires <= now; });
   if (tickets_.size() >= kMaxTickets) {
     return absl::ResourceExhaustedError(
         absl::StrCat(tickets_.size(), " channel tickets outstanding; try again shortly"));
   }
-  const size_t mine = std::count_if(tickets_.begin(), tickets_.end(),
-                                    [&](const auto& kv) { return kv.second.peer.uid == peer.uid; });
-  if (mine >= kMaxTicketsPerUid) {
-    return absl::ResourceExhaustedError(absl::StrCat("uid ", peer.uid, " holds ", mine,
-                                                     " unspent channel tickets; they expire in ",
-                                                     Ms(kTicketTtl) / 1000, " s"));
+  // The process when the kernel names it (a pidfd; unit tests' peers by their pid), else the uid.
+  uint64_t process_id = 0;
+  if (peer.process != nullptr) {
+    process_id = peer.process->id();
+  } else if (absl::StatusOr<std::shared_ptr<const edge::PeerProcess>> p =
+                 edge::PeerProcess::OfPid(peer.pid);
+             p.ok()) {
+    process_id = (*p)->id();
+  }
+  size_t of_uid = 0, of_process = 0;
+  for (const auto& [t, ticket] : tickets_) {
+    if (ticket.peer.uid != peer.uid) continue;
+    ++of_uid;
+    of_process += process_id == 0 ? 1 : ticket.process_id == process_id;
+  }
+  const size_t share = process_id == 0 ? kMaxTicketsPerProcess : kMaxTicketsPerUid;
+  if (of_process >= kMaxTicketsPerProcess || of_uid >= share) {
+    const bool mine = of_process >= kMaxTicketsPerProcess;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", peer.uid, mine && process_id != 0 ? absl::StrCat(" pid ", peer.pid) : "", " holds ",
+        mine ? of_process : of_uid, " unspent channel tickets (at most ",
+        mine ? kMaxTicketsPerProcess : share, mine && process_id != 0 ? " per process" : " per uid",
+        "); they expire in ", Ms(kTicketTtl) / 1000, " s"));
   }
   ASSIGN_OR_RETURN(std::string ticket, edge::NewSecret());
   const bool operator_view = peer.uid == daemon_uid_ || Contains(sec.operator_uids, peer.uid);
-  tickets_[ticket] = Ticket{peer, now + kTicketTtl, operator_view};
+  edge::PeerCredentials named = peer;
+  named.process.reset();  // a ticket holds no descriptor
+  tickets_[ticket] = Ticket{std::move(named), process_id, now + kTicketTtl, operator_view};
   v1::ChannelReply reply;
   reply.set_ticket(std::move(ticket));
   reply.set_operator_(operator_view);
@@ -644,6 +681,7 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchLocked(const edge::PeerCre
                                         "COMPRESSED (2)"));
   }
   const WorkerMemory& memory = *w->memory[r.kind() == v1::POOL_KIND_DDR ? 0 : 1];
+  RETURN_IF_ERROR(AddHolderLocked(*w, peer, memory.memory() != ExtentMemory::kMemfd));
   if (r.first_extent() > memory.num_extents()) {
     return Invalid("first_extent", absl::StrCat(r.first_extent(), " is past the worker's ",
                                                 memory.num_extents(), " extents"));
@@ -657,8 +695,11 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchLocked(const edge::PeerCre
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(dup_fd(memory.header_fd()));
-  for (uint32_t i = 0; i < count; ++i)
-    RETURN_IF_ERROR(dup_fd(memory.extent_fd(r.first_extent() + i)));
+  for (uint32_t i = 0; i < count; ++i) {
+    // An open of its own (Extent::Share): the daemon sees when every process has let go of it.
+    ASSIGN_OR_RETURN(edge::UniqueFd shared, memory.extent(r.first_extent() + i).Share());
+    dups.push_back(std::move(shared));
+  }
   *fds = std::move(dups);
   v1::ChannelReply reply;
   reply.set_first_extent(r.first_extent());
@@ -731,6 +772,8 @@ absl::StatusOr<v1::GetStatusResponse> DaemonCoreImpl::GetStatus(
 
 DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusRequest& r) {
   const absl::Duration now = clock_->Now();
+  // Draining extents let go of since the reaper last looked are shown returned, not draining.
+  if (!draining_.empty()) ReleaseDrainedLocked();
   StatusRows rows;
   v1::GetStatusResponse& resp = rows.head;
   resp.set_version(KVTIER_VERSION);
@@ -749,6 +792,8 @@ DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusR
     p->set_capacity_bytes(pool.capacity());
     p->set_used_bytes(used_bytes_[i]);
     p->set_slots_used(slots_used_[i]);
+    p->set_draining_bytes(draining_bytes_[i]);
+    p->set_reserved_bytes(pool.reserved_bytes());
   }
   resp.set_hbm_saved_bytes(total_full_bytes_ - total_t0_bytes_);
   // Whose workers and sequences the caller may see: an operator's, its own, or none.
@@ -802,6 +847,7 @@ int DaemonCoreImpl::ReapExpired() {
   }
   for (uint64_t id : expired) FreeWorkerLocked(id);
   if (metrics_ != nullptr && !expired.empty()) metrics_->CountLeaseExpirations(expired.size());
+  ReleaseDrainedLocked();
   const absl::Duration now = clock_->Now();
   absl::erase_if(tickets_, [&](const auto& kv) { return kv.second.expires <= now; });
   UpdateGaugesLocked();
@@ -835,7 +881,7 @@ void DaemonCoreImpl::PrepareSpareExtents() {
   }
 }
 
-absl::Status DaemonCoreImpl::Reload(const CoreOptions& options) {
+absl::Status DaemonCoreImpl::Reload(const CoreOptions& options, std::vector<std::string>* revoked) {
   PiMutexLock lock(&mu_);
   const absl::Duration ttl =
       options.lease_ttl > absl::ZeroDuration() ? options.lease_ttl : options_.lease_ttl;
@@ -857,6 +903,7 @@ absl::Status DaemonCoreImpl::Reload(const CoreOptions& options) {
   options_.heartbeat_interval = beat;
   options_.max_worker_entries = options.max_worker_entries;
   options_.max_node_entries = options.max_node_entries;
+  RevokeDisallowedLocked(revoked);  // takes lease_mu_ itself (FreeWorkerLocked)
   PiMutexLock lease_lock(&lease_mu_);
   lease_ttl_ = ttl;
   heartbeat_interval_ = beat;

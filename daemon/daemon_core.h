@@ -31,8 +31,9 @@ struct SecurityOptions {
   // register. Otherwise only these uids and members of these groups.
   std::vector<uint32_t> allow_uids;
   std::vector<uint32_t> allow_gids;
-  // May list every worker and sequence (kvtierctl). The daemon's own uid always may.
-  std::vector<uint32_t> operator_uids = {0};
+  // May list every worker and sequence (kvtierctl). The daemon's own uid always may; nobody else
+  // by default (not even root: root worker pods are tenants like any other).
+  std::vector<uint32_t> operator_uids;
   gid_t pool_gid = static_cast<gid_t>(-1);  // -1: the daemon's group
 };
 
@@ -150,7 +151,9 @@ class DaemonCore {
       const edge::PeerCredentials& peer, const v1::SubmitSnapshotRequest& request) = 0;
 
   // Expires leases older than the TTL (by the injected clock) and returns every slot of those
-  // workers to the pools. Returns the number of workers reaped. Called periodically by kvtierd.
+  // workers to the pools; their extents drain until the processes that received them exit
+  // (checked here too: extents whose holders are gone go back to the budget). Returns the
+  // number of workers reaped. Called periodically by kvtierd.
   virtual int ReapExpired() = 0;
 
   // How long since the last authenticated call on the gRPC socket of the live sessions whose
@@ -169,8 +172,12 @@ class DaemonCore {
   // max_sequences_per_worker, max_sequences, max_worker_entries, max_node_entries, lease_ttl and
   // heartbeat_interval (when > 0), [security]. Others (pool sizes, extents, epoch) are ignored.
   // Lower caps do not evict anything already admitted. INVALID_ARGUMENT (and nothing applied) when
-  // the lease TTL would not exceed the heartbeat interval.
-  virtual absl::Status Reload(const CoreOptions& options) = 0;
+  // the lease TTL would not exceed the heartbeat interval. A registered worker whose peer the new
+  // [security] no longer allows loses its session at once: its requests are PERMISSION_DENIED
+  // naming the rule and its extents drain like a closed worker's; `revoked` (may be null) gets
+  // one line each.
+  absl::Status Reload(const CoreOptions& options) { return Reload(options, nullptr); }
+  virtual absl::Status Reload(const CoreOptions& options, std::vector<std::string>* revoked) = 0;
 };
 
 }  // namespace kvtier::daemon

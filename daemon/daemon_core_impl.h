@@ -26,6 +26,7 @@
 #include "daemon/slot_allocator.h"
 #include "daemon/tiering_adapter.h"
 #include "daemon/worker_memory.h"
+#include "edge/peer_process.h"
 
 namespace kvtier::daemon::internal {
 
@@ -41,6 +42,10 @@ struct WorkerRec {
   uint64_t id = 0;
   std::string secret;          // the session secret; compared in constant time, never shown
   edge::PeerCredentials peer;  // from the kernel, at the channel hello before registration
+  // Every process that received this worker's extent descriptors (FetchExtents): where the
+  // kernel cannot say whether an extent is still held, it is released only once those have
+  // exited (DrainingMemory).
+  std::vector<std::shared_ptr<const edge::PeerProcess>> holders;
   std::string name;
   int32_t pid = 0;
   std::string model_name;
@@ -80,13 +85,26 @@ absl::Status CheckSameUid(const WorkerRec& w, const edge::PeerCredentials* peer)
 
 // A channel hello's answer, redeemable at RegisterWorker (once) or GetStatus (operators).
 struct Ticket {
-  edge::PeerCredentials peer;
+  edge::PeerCredentials peer;  // without its process (a ticket holds no pidfd)
+  uint64_t process_id = 0;     // edge::PeerProcess::id of the hello's process; 0 = unknown
   absl::Duration expires;
   bool operator_view = false;
 };
 
 // Destination (or held) slots of a sequence's pages, by placement index: only pooled pages.
 using SlotMap = absl::flat_hash_map<uint32_t, Slot>;
+
+// The extents of an ended session (closed, lease lost, revoked) that some process may still
+// hold: they stay charged to the budget, are never handed to anyone again (not even the same
+// process: the client keeps an old session's pages mapped and readable after it registers
+// again), and go back to the budget one by one as the kernel says nobody holds them
+// (Extent::OthersHold), or, where it cannot say, once every process that received them exited.
+struct DrainingMemory {
+  uint64_t worker_id = 0;
+  uid_t uid = 0;
+  std::vector<std::shared_ptr<const edge::PeerProcess>> holders;
+  std::array<std::vector<Extent>, 2> extents;  // per pool, charged to pools_[i]
+};
 
 struct PendingMove {
   tiering::Move move;
@@ -210,7 +228,8 @@ class DaemonCoreImpl final : public DaemonCore {
   int ReapExpired() override;
   std::optional<absl::Duration> SinceLastCall(pid_t pid) override;
   void PrepareSpareExtents() override;
-  absl::Status Reload(const CoreOptions& options) override;
+  using DaemonCore::Reload;
+  absl::Status Reload(const CoreOptions& options, std::vector<std::string>* revoked) override;
 
   // Cross-checks all bookkeeping (tests and the fuzzer): allocator invariants, per-worker and
   // per-pool byte accounting, slots present exactly for pages in T1/T2, figure totals.
@@ -325,6 +344,29 @@ class DaemonCoreImpl final : public DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeWorkerLocked(uint64_t worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Pool memory of ended sessions (daemon_draining.cc). RetireMemoryLocked: a freed worker's
+  // extents (every slot released) go back to the budget, or, those some process may still hold,
+  // to draining_. ReleaseDrainedLocked: returns the draining extents nobody holds any more; the
+  // number of extents released.
+  void RetireMemoryLocked(WorkerRec& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int ReleaseDrainedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether some process other than the daemon may still hold `e`: the kernel's word where it
+  // has one, else whether any of `holders` (the processes that received it) is alive.
+  bool ExtentHeldLocked(const Extent& e,
+                        const std::vector<std::shared_ptr<const edge::PeerProcess>>& holders) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the peer's process (a pidfd) as a holder of `w`'s extents. FAILED_PRECONDITION when
+  // `w` was handed to too many live processes, or, when `required` (extents the kernel cannot
+  // say are let go of: CUDA VMM), the daemon cannot watch the process (no pidfd).
+  absl::Status AddHolderLocked(WorkerRec& w, const edge::PeerCredentials& peer, bool required)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the session of every worker whose peer options_.security no longer allows (a reload),
+  // as CloseWorker would, and remembers why for its later requests; one line each in `revoked`.
+  void RevokeDisallowedLocked(std::vector<std::string>* revoked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `peer` may register under `sec` (OK), else PERMISSION_DENIED naming the rule.
+  absl::Status AllowedLocked(const SecurityOptions& sec, const edge::PeerCredentials& peer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Slots charged to a worker: nullopt (and the reason) when the pool or the quota is short.
   std::optional<Slot> GrantLocked(WorkerRec& w, tiering::Tier tier, bool count_failures,
                                   Metrics::DegradeReason* reason)
@@ -386,6 +428,11 @@ class DaemonCoreImpl final : public DaemonCore {
   // Shared: a snapshot in progress keeps its record (and plan_mu) alive across unlocked phases.
   absl::flat_hash_map<uint64_t, std::shared_ptr<SequenceRec>> sequences_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Ticket> tickets_ ABSL_GUARDED_BY(mu_);
+  std::vector<DrainingMemory> draining_ ABSL_GUARDED_BY(mu_);
+  std::array<uint64_t, 2> draining_bytes_ ABSL_GUARDED_BY(mu_){};
+  // Workers whose uid a reload removed from [security]: their requests are PERMISSION_DENIED
+  // with this reason (bounded: the oldest are forgotten, then answer "lease expired").
+  absl::flat_hash_map<uint64_t, std::string> revoked_ ABSL_GUARDED_BY(mu_);
   // Slot bytes and slots granted, node-wide, per pool.
   std::array<uint64_t, 2> used_bytes_ ABSL_GUARDED_BY(mu_){};
   std::array<uint64_t, 2> slots_used_ ABSL_GUARDED_BY(mu_){};

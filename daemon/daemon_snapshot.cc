@@ -730,6 +730,14 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
   size_t listed = 0;
   for (const auto& [wid, w] : workers_) listed += w.sequences.size();
   if (listed != sequences_.size()) return absl::InternalError("orphan sequences");
+  std::array<uint64_t, 2> draining{};
+  for (const DrainingMemory& d : draining_) {
+    for (int i = 0; i < 2; ++i) {
+      extents[i] += d.extents[i].size();
+      for (const Extent& e : d.extents[i]) draining[i] += e.bytes();
+    }
+  }
+  if (draining != draining_bytes_) return absl::InternalError("draining bytes");
   for (int i = 0; i < 2; ++i) {
     if (pool_bytes[i] != used_bytes_[i]) {
       return absl::InternalError(

@@ -22,6 +22,14 @@ absl::Status Errno(absl::string_view what, int err) {
   return absl::InternalError(msg);
 }
 
+// A new open file description of the file behind `fd` (its /proc/self/fd link), read-write.
+absl::StatusOr<edge::UniqueFd> Reopen(int fd) {
+  const std::string path = absl::StrCat("/proc/self/fd/", fd);
+  const int again = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (again < 0) return Errno(absl::StrCat("reopen extent ", path), errno);
+  return edge::UniqueFd(again);
+}
+
 absl::StatusOr<edge::UniqueFd> OpenUnnamed(const std::string& label, const std::string& dir) {
   int fd = dir.empty() ? memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)
                        : open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -54,6 +62,13 @@ absl::StatusOr<Extent> Extent::Create(const std::string& label, uint64_t bytes,
       fcntl(fd->get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return Errno("seal extent", errno);
   }
+  if (dir.empty()) {
+    // memfd_create's own file is not counted among the inode's writers (no open(2) path), which
+    // would make OthersHold's lease probe off by one: keep a real open of it instead.
+    absl::StatusOr<edge::UniqueFd> counted = Reopen(fd->get());
+    if (!counted.ok()) return counted.status();
+    fd = std::move(counted);
+  }
   return Extent(*std::move(fd), bytes);
 }
 
@@ -65,6 +80,22 @@ absl::StatusOr<Extent> Extent::Make(const std::string& label, uint64_t bytes,
       edge::cuda::CreateExportedHostAllocation(*source.cuda, bytes, source.numa_node);
   if (!fd.ok()) return fd.status();
   return Extent(*std::move(fd), bytes, ExtentMemory::kCudaVmm);
+}
+
+absl::StatusOr<edge::UniqueFd> Extent::Share() const {
+  if (memory_ == ExtentMemory::kMemfd) return Reopen(fd_.get());
+  const int d = fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
+  if (d < 0) return Errno("duplicate extent descriptor", errno);
+  return edge::UniqueFd(d);
+}
+
+Extent::Holders Extent::OthersHold() const {
+  if (memory_ != ExtentMemory::kMemfd) return Holders::kUnknown;
+  if (fcntl(fd_.get(), F_SETLEASE, F_WRLCK) == 0) {
+    (void)fcntl(fd_.get(), F_SETLEASE, F_UNLCK);
+    return Holders::kNone;
+  }
+  return errno == EAGAIN || errno == EBUSY ? Holders::kSome : Holders::kUnknown;
 }
 
 absl::StatusOr<Extent> Extent::CreateSealedHeader(const std::string& label,

@@ -50,6 +50,17 @@ class Extent {
   Extent(Extent&&) = default;
   Extent& operator=(Extent&&) = default;
 
+  // A descriptor of this extent for a worker. Memfd and O_TMPFILE extents: a fresh open of the
+  // file (its own open file description, which OthersHold can see for as long as any process
+  // keeps it open or mapped, forks and relays included); CUDA VMM: a duplicate. INTERNAL when
+  // the file cannot be reopened (never a duplicate then: one would be invisible to OthersHold).
+  absl::StatusOr<edge::UniqueFd> Share() const;
+  // Whether any process other than the daemon still holds this extent, by the kernel's word: a
+  // write lease (F_SETLEASE) is granted only while the daemon's own is the file's sole open file
+  // description. kUnknown where the kernel cannot say (CUDA VMM descriptors, leases disabled).
+  enum class Holders { kNone, kSome, kUnknown };
+  Holders OthersHold() const;
+
   int fd() const { return fd_.get(); }
   uint64_t bytes() const { return bytes_; }
   ExtentMemory memory() const { return memory_; }

@@ -73,6 +73,8 @@ struct Metrics::Families {
   prometheus::Gauge* channel_accept_paused = nullptr;
   prometheus::Gauge* sink_backlog = nullptr;
   prometheus::Gauge* sink_stalled = nullptr;
+  std::array<prometheus::Gauge*, 2> pool_draining{};
+  prometheus::Gauge* draining_holders = nullptr;
 };
 
 Metrics::Metrics()
@@ -97,6 +99,12 @@ std::unique_ptr<Metrics> Metrics::Create() {
   auto& spare = gauge("kvtier_pool_spare_bytes",
                       "Bytes of extents made ahead and not yet handed to a worker.");
   auto& slots = gauge("kvtier_pool_used_slots", "Granted slots in the pool.");
+  auto& draining = gauge("kvtier_pool_draining_bytes",
+                         "Bytes of extents of ended sessions still held by a live process "
+                         "(charged to the budget until it exits).");
+  f.draining_holders =
+      &gauge("kvtier_pool_draining_holders", "Processes still holding extents of ended sessions.")
+           .Add({});
   auto& failures = counter("kvtier_pool_allocation_failures_total",
                            "Slot requests refused because the pool or the worker quota was short.");
   for (Tier t : {Tier::kT1, Tier::kT2}) {
@@ -107,6 +115,7 @@ std::unique_ptr<Metrics> Metrics::Create() {
     f.pool_reserved[i] = &reserved.Add(l);
     f.pool_spare[i] = &spare.Add(l);
     f.pool_slots[i] = &slots.Add(l);
+    f.pool_draining[i] = &draining.Add(l);
     for (int reason = 0; reason < 2; ++reason) {
       f.alloc_failures[i][reason] = &failures.Add(
           {{"tier", S(tiering::TierName(t))}, {"reason", S(kAllocFailureNames[reason])}});
@@ -211,6 +220,11 @@ void Metrics::SetPool(Tier tier, uint64_t capacity, uint64_t used, uint64_t rese
   f_->pool_used[i]->Set(static_cast<double>(used));
   f_->pool_reserved[i]->Set(static_cast<double>(reserved));
   f_->pool_slots[i]->Set(static_cast<double>(slots));
+}
+
+void Metrics::SetDraining(const std::array<uint64_t, 2>& bytes, uint64_t holders) {
+  for (int i = 0; i < 2; ++i) f_->pool_draining[i]->Set(static_cast<double>(bytes[i]));
+  f_->draining_holders->Set(static_cast<double>(holders));
 }
 
 void Metrics::CountAllocationFailure(Tier tier, AllocFailure reason) {

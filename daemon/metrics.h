@@ -12,6 +12,10 @@
 //   kvtier_pool_reserved_bytes{tier}        gauge   bytes held by slot extents (used + slack);
 //                                                   reserved - used is the fragmentation
 //   kvtier_pool_used_slots{tier}            gauge   granted slots
+//   kvtier_pool_draining_bytes{tier}        gauge   extents of ended sessions still held by a
+//                                                   live process: charged (in reserved) until
+//                                                   it exits
+//   kvtier_pool_draining_holders            gauge   processes holding draining extents
 //   kvtier_pool_allocation_failures_total{tier,reason}
 //                                           counter slot requests refused; reason = "pool_full" |
 //                                                   "quota"
@@ -117,6 +121,9 @@ class Metrics {
   // `reserved`: extents workers hold; `spare`: extents made ahead, held by none.
   void SetPool(tiering::Tier tier, uint64_t capacity, uint64_t used, uint64_t reserved,
                uint64_t slots, uint64_t spare = 0);
+  // Draining pool memory (of ended sessions, still mapped by a live process): bytes per pool
+  // (index 0 = T1, 1 = T2) and the processes that hold it.
+  void SetDraining(const std::array<uint64_t, 2>& bytes, uint64_t holders);
   void CountAllocationFailure(tiering::Tier tier, AllocFailure reason);
   void SetPlacementTokens(const std::array<uint64_t, tiering::kNumTiers>& tokens);
   void SetHbmSavedBytes(uint64_t bytes);

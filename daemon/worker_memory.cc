@@ -89,10 +89,22 @@ absl::StatusOr<Slot> WorkerMemory::Allocate(uint64_t bytes) {
         absl::StrCat("worker holds its most extents (", max_extents_, ")"));
   }
   ASSIGN_OR_RETURN(Extent extent, budget_->Take(memory_));
+  Adopt(std::move(extent));
+  return extents_.back()->slots.Allocate(bytes);
+}
+
+void WorkerMemory::Adopt(Extent extent) {
   const uint64_t base = extents_.size() * budget_->extent_bytes();
   extents_.push_back(std::unique_ptr<Held>(
       new Held{std::move(extent), SlotAllocator(budget_->extent_bytes(), base, tag_)}));
-  return extents_.back()->slots.Allocate(bytes);
+}
+
+std::vector<Extent> WorkerMemory::TakeExtents() {
+  std::vector<Extent> out;
+  out.reserve(extents_.size());
+  for (auto& held : extents_) out.push_back(std::move(held->extent));
+  extents_.clear();
+  return out;
 }
 
 uint64_t WorkerMemory::ExtentsWanted(uint64_t slots, uint64_t bytes) const {

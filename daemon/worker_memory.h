@@ -106,6 +106,10 @@ class WorkerMemory {
   // when the worker holds max_extents already or the budget is short.
   absl::StatusOr<Slot> Allocate(uint64_t bytes);
 
+  // Hands every extent over, still charged to the budget (the caller returns them once no
+  // process holds them). REQUIRES: every slot released.
+  std::vector<Extent> TakeExtents();
+
   // New extents the worker would take for `slots` more slots of `bytes`: an estimate from the
   // free bytes of the extents it holds (fragmentation aside), within max_extents.
   uint64_t ExtentsWanted(uint64_t slots, uint64_t bytes) const;
@@ -115,11 +119,13 @@ class WorkerMemory {
   uint64_t extent_bytes() const { return budget_->extent_bytes(); }
   ExtentMemory memory() const { return memory_; }
   int extent_fd(uint32_t i) const { return extents_[i]->extent.fd(); }
+  const Extent& extent(uint32_t i) const { return extents_[i]->extent; }
   int header_fd() const { return header_.fd(); }
   // Checks every extent's allocator.
   absl::Status CheckInvariants() const;
 
  private:
+  void Adopt(Extent extent);  // as the next extent
   struct Held {
     Extent extent;
     SlotAllocator slots;

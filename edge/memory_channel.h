@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,12 +50,17 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+class PeerProcess;  // edge/peer_process.h
+
 // Who is on the other end of a unix socket, as the kernel says.
 struct PeerCredentials {
   uid_t uid = 0;
   gid_t gid = 0;
   pid_t pid = 0;
   std::vector<gid_t> groups;  // supplementary groups (SO_PEERGROUPS)
+  // The peer process itself, where the receiver took its pidfd (PeerProcess::OfSocket: the
+  // channel server does for hellos and extent fetches); null otherwise.
+  std::shared_ptr<const PeerProcess> process;
 };
 
 absl::StatusOr<PeerCredentials> PeerOf(int socket_fd);

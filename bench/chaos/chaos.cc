@@ -34,6 +34,7 @@
 #include "bench/chaos/stuck_client.h"
 #include "tests/integration/support/daemon_process.h"
 #include "tests/integration/support/http_get.h"
+#include "tests/integration/support/pool_memory_figures.h"
 #include "tests/integration/support/sim_worker.h"
 
 namespace kvtier::testing {
@@ -236,7 +237,10 @@ class ChaosRun {
     }
     extent_dir_ = tmpfs_ ? tmpfs_->dir() : "";
     d_.config_text = ChaosConfig(o_, o_.ttl_ms, false, extent_dir_);
-    daemon_ = DaemonProcess::Start(d_);
+    absl::StatusOr<std::unique_ptr<ShmemCgroup>> cgroup =
+        ShmemCgroup::Create(absl::StrCat("kvtier-chaos-", getpid()));
+    if (cgroup.ok()) cgroup_ = *std::move(cgroup);
+    StartDaemon();
     if (!daemon_.ok()) {
       std::fprintf(stderr, "kvtier-chaos: %s\n", std::string(daemon_.status().message()).c_str());
       return false;
@@ -245,6 +249,37 @@ class ChaosRun {
     absl::SleepFor(absl::Seconds(1));
     run_start_ = absl::Now();
     return true;
+  }
+
+  // Starts kvtierd inside cgroup_ (when there is one), so that its shmem there counts every pool
+  // page it made that is still alive, whoever maps it.
+  void StartDaemon() {
+    const bool inside = cgroup_ != nullptr && cgroup_->Enter().ok();
+    daemon_ = DaemonProcess::Start(d_);
+    if (inside) (void)cgroup_->Leave();
+  }
+
+  // The kernel's own figure for the pools after the run: the daemon's cgroup shmem (every pool
+  // page the daemons made that is still alive, mapped by anyone), else the memfd pages the
+  // daemon holds open. Never more than the daemon charges (reserved, draining included, plus
+  // spares) and 1 MiB of pool headers and probes.
+  bool KernelRow(double charged) {
+    double kernel = 0;
+    std::string what = "daemon cgroup shmem";
+    if (cgroup_ != nullptr) {
+      kernel = static_cast<double>(cgroup_->ShmemBytes());
+    } else {
+      what = "memfd pages the daemon holds (no memory cgroup here)";
+      const std::string prefix = (*daemon_)->shm_prefix().substr(1);
+      kernel = static_cast<double>(MemfdBytesHeld({(*daemon_)->pid()}, prefix + "-ddr") +
+                                   MemfdBytesHeld({(*daemon_)->pid()}, prefix + "-cmp"));
+    }
+    const bool ok = kernel <= charged + (1 << 20);
+    std::printf(
+        "| pool memory alive after TTL + 1 s: the kernel's figure (%s) vs the daemon's charge "
+        "(reserved + spare) | %.1f MiB vs %.1f MiB | kernel <= charge + 1 MiB |\n",
+        what.c_str(), kernel / (1 << 20), charged / (1 << 20));
+    return ok;
   }
 
   // The faults, in random order.
@@ -398,7 +433,7 @@ class ChaosRun {
   bool RestartDaemon() {
     plans_before_ += Metric("kvtier_snapshots_total");  // the new daemon counts anew
     (*daemon_)->Stop(SIGKILL);
-    daemon_ = DaemonProcess::Start(d_);
+    StartDaemon();
     if (!daemon_.ok()) {
       std::fprintf(stderr, "restart failed: %s\n", std::string(daemon_.status().message()).c_str());
       return false;
@@ -471,6 +506,7 @@ class ChaosRun {
     const double left_workers = Metric("kvtier_registry_workers");
     const double left_used = Metric("kvtier_pool_used_bytes");
     const double left_reserved = Metric("kvtier_pool_reserved_bytes");
+    const double left_charged = left_reserved + Metric("kvtier_pool_spare_bytes");
     const double ttl1 = ttl_now_ + 1000;
     const double p99 = Percentile(reclaim_ms_, 0.99);
     const double max =
@@ -508,6 +544,7 @@ class ChaosRun {
           "s later | %d stalls: %.0f reaped; %.0f of %d | - |\n",
           lease_stalls_, stall_reaped_, stall_back_, lease_stalls_ * o_.workers);
     }
+    ok &= KernelRow(left_charged);
     ok &= PrintNewFaultRows(o_, nf_, run_seconds, plans);
     std::printf(
         "| workers that died on their own (a page that lost its bytes: exit %d) | %d (%d with "
@@ -524,6 +561,7 @@ class ChaosRun {
   int port_ = 0;
   std::string sock_, extent_dir_;
   DaemonProcess::Options d_;
+  std::unique_ptr<ShmemCgroup> cgroup_;  // declared first: removed after the daemon is gone
   absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon_;
   std::unique_ptr<FullTmpfs> tmpfs_;
   NewFaultFigures nf_;

@@ -46,7 +46,12 @@ std::string StatusTable(const v1::GetStatusResponse& s) {
   for (const auto& p : s.pools()) {
     t.AddRow({absl::StrCat("pool ", PoolName(p.kind())),
               absl::StrCat(HumanBytes(p.used_bytes()), " / ", HumanBytes(p.capacity_bytes()), " (",
-                           Percent(p.used_bytes(), p.capacity_bytes()), ")")});
+                           Percent(p.used_bytes(), p.capacity_bytes()), ")",
+                           // Ended sessions' extents a live process still maps: charged.
+                           p.draining_bytes() == 0
+                               ? ""
+                               : absl::StrCat("; draining ", HumanBytes(p.draining_bytes()),
+                                              " (held by processes of ended sessions)"))});
   }
   return t.Render();
 }
@@ -199,7 +204,10 @@ int main(int argc, char** argv) {
       request.set_operator_ticket(ticket->ticket());
     } else {
       view_note = ticket.ok() ? absl::StrCat("uid ", ticket->peer_uid(),
-                                             " is not in security.operator_uids")
+                                             " is not in security.operator_uids; to grant it, "
+                                             "add `[security] operator_uids = [",
+                                             ticket->peer_uid(),
+                                             "]` to kvtierd's config and send it SIGHUP")
                               : std::string(ticket.status().message());
     }
   } else if (!address.empty() && (command == "workers" || command == "sequences")) {

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "edge/peer_process.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -214,6 +216,13 @@ void ChannelServer::Serve(int fd) {
 void ChannelServer::Answer(Pending& c, const v1::ChannelRequest& request) {
   std::vector<edge::UniqueFd> fds;  // the daemon's own extents: closing them never blocks
   absl::StatusOr<v1::ChannelReply> reply;
+  // Hellos and fetches name the process (a pidfd): tickets are budgeted per process, and pool
+  // memory stays charged until the process that received it exits. Without a pidfd the core
+  // refuses CUDA VMM extents (and budgets tickets by uid).
+  if (request.has_hello() || request.has_fetch_extents()) {
+    auto process = edge::PeerProcess::OfSocket(c.fd.get(), c.peer.pid);
+    if (process.ok()) c.peer.process = *std::move(process);
+  }
   switch (request.op_case()) {
     case v1::ChannelRequest::kHello:
       reply = core_->Hello(c.peer);

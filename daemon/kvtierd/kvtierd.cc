@@ -228,10 +228,12 @@ void ReloadOnSighup(DaemonConfig& running, const DaemonConfig& fresh, DaemonCore
   }
   DaemonConfig next = ApplyReloadable(running, fresh);
   next.core.security.pool_gid = running.core.security.pool_gid;
-  if (absl::Status s = core->Reload(next.core); !s.ok()) {
+  std::vector<std::string> revoked;
+  if (absl::Status s = core->Reload(next.core, &revoked); !s.ok()) {
     log.Error(absl::StrCat("SIGHUP: keeping the running config: ", s.message()));
     return;
   }
+  for (const std::string& line : revoked) log.Warning(absl::StrCat("SIGHUP: ", line));
   // Logged at the old level, so lowering the verbosity is still recorded.
   log.Info(absl::StrCat("SIGHUP: reloaded ", changes.applied.empty()
                                                  ? "(no change to log level, limits, leases or "

@@ -31,6 +31,9 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->core.max_worker_entries, built_in.core.max_worker_entries);
   EXPECT_EQ(parsed->core.max_node_entries, built_in.core.max_node_entries);
   EXPECT_TRUE(parsed->core.links.empty());
+  // Operators: none but the daemon's own uid (root pods are tenants too).
+  EXPECT_EQ(parsed->core.security.operator_uids, built_in.core.security.operator_uids);
+  EXPECT_TRUE(built_in.core.security.operator_uids.empty());
 }
 
 TEST(ConfigTest, ReadsEntryBudgetsAndTheOperatorsLinkTable) {
