@@ -175,6 +175,7 @@ absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
                                                               const std::string& secret, Via via) {
   auto it = workers_.find(id);
   if (it == workers_.end()) {
+    PiMutexLock lease_lock(&lease_mu_);
     if (auto r = revoked_.find(id); r != revoked_.end()) {
       return absl::PermissionDeniedError(r->second);
     }
@@ -566,6 +567,11 @@ absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::RenewLease(
     return absl::PermissionDeniedError(
         absl::StrCat("session_secret does not match worker_id ", id,
                      r.session_secret().empty() ? " (none given)" : ""));
+  }
+  if (it == leases_.end()) {
+    if (auto r = revoked_.find(id); r != revoked_.end()) {
+      return absl::PermissionDeniedError(r->second);
+    }
   }
   // A heartbeat from any worker the daemon does not know means: register again.
   if (it == leases_.end() || LeaseExpiredLocked(id)) {

@@ -432,7 +432,8 @@ class DaemonCoreImpl final : public DaemonCore {
   std::array<uint64_t, 2> draining_bytes_ ABSL_GUARDED_BY(mu_){};
   // Workers whose uid a reload removed from [security]: their requests are PERMISSION_DENIED
   // with this reason (bounded: the oldest are forgotten, then answer "lease expired").
-  absl::flat_hash_map<uint64_t, std::string> revoked_ ABSL_GUARDED_BY(mu_);
+  // Under lease_mu_, so that a heartbeat (which takes only that lock) hears it too.
+  absl::flat_hash_map<uint64_t, std::string> revoked_ ABSL_GUARDED_BY(lease_mu_);
   // Slot bytes and slots granted, node-wide, per pool.
   std::array<uint64_t, 2> used_bytes_ ABSL_GUARDED_BY(mu_){};
   std::array<uint64_t, 2> slots_used_ ABSL_GUARDED_BY(mu_){};

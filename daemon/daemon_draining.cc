@@ -129,8 +129,11 @@ void DaemonCoreImpl::RevokeDisallowedLocked(std::vector<std::string>* revoked) {
   });
   for (auto& [id, why] : out) {
     FreeWorkerLocked(id);
-    while (revoked_.size() >= kMaxRevoked) revoked_.erase(revoked_.begin());
-    revoked_[id] = why;
+    {
+      PiMutexLock lease_lock(&lease_mu_);
+      while (revoked_.size() >= kMaxRevoked) revoked_.erase(revoked_.begin());
+      revoked_[id] = why;
+    }
     if (revoked != nullptr) revoked->push_back(std::move(why));
   }
   if (!out.empty()) UpdateGaugesLocked();
