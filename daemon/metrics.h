@@ -100,6 +100,8 @@ class Metrics {
     kSnapshotRefused,
     kSnapshotMisuse,
     kSnapshotLaneFull,
+    kGrpcOverCap,       // refused: over a server.max_connections* cap
+    kGrpcNoDescriptor,  // refused: the daemon was out of descriptors
     kCount
   };
   // The memory channel's lanes (daemon/kvtierd/channel_lane.h).

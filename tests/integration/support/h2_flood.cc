@@ -1,5 +1,7 @@
 #include "tests/integration/support/h2_flood.h"
 
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -15,8 +18,9 @@
 namespace kvtier::testing {
 namespace {
 
-constexpr uint8_t kData = 0, kHeaders = 1, kSettings = 4;
-constexpr uint8_t kEndStream = 0x1, kEndHeaders = 0x4;
+constexpr uint8_t kData = 0, kHeaders = 1, kRstStream = 3, kSettings = 4, kPing = 6, kGoaway = 7,
+                  kWindowUpdate = 8;
+constexpr uint8_t kEndStream = 0x1, kAck = 0x1, kEndHeaders = 0x4;
 
 void AppendFrame(std::string* out, uint8_t type, uint8_t flags, uint32_t stream,
                  const std::string& payload) {
@@ -99,7 +103,157 @@ bool FloodOne(int fd, const FloodOptions& o, FloodProgress* progress) {
   return true;
 }
 
+uint32_t Be32(const std::string& b, size_t at) {
+  return (static_cast<uint32_t>(static_cast<uint8_t>(b[at])) << 24) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(b[at + 1])) << 16) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(b[at + 2])) << 8) |
+         static_cast<uint32_t>(static_cast<uint8_t>(b[at + 3]));
+}
+
+// HoldUnfinishedMessages' connection: what the server allows, what is owed to it.
+class Holder {
+ public:
+  Holder(int fd, const HoldOptions& o) : fd_(fd), o_(o), headers_(HeaderBlock(o.method)) {
+    out_ = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    AppendFrame(&out_, kSettings, 0, 0, "");
+  }
+  HoldProgress Run() {
+    const absl::Time deadline = absl::Now() + o_.duration;
+    absl::Time reported = absl::InfinitePast();
+    while (absl::Now() < deadline && p_.closed == 0) {
+      if (out_.empty()) Produce();
+      pollfd pfd{fd_, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0};
+      poll(&pfd, 1, 20);
+      if ((pfd.revents & POLLIN) != 0) ReadAll();
+      if ((pfd.revents & POLLOUT) != 0) WriteSome();
+      if ((pfd.revents & (POLLHUP | POLLERR)) != 0) p_.closed = 1;
+      if (o_.progress_fd >= 0 && absl::Now() - reported >= absl::Milliseconds(100)) {
+        (void)!write(o_.progress_fd, &p_, sizeof(p_));
+        reported = absl::Now();
+      }
+    }
+    if (o_.progress_fd >= 0) (void)!write(o_.progress_fd, &p_, sizeof(p_));
+    return p_;
+  }
+
+ private:
+  struct Stream {
+    int64_t window = 0;
+    uint64_t left = 0;  // body bytes still to send (never the last one)
+  };
+
+  void ReadAll() {
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) p_.closed = 1;
+      if (n <= 0) break;
+      in_.append(buf, static_cast<size_t>(n));
+    }
+    while (in_.size() >= 9) {
+      const uint32_t len = (static_cast<uint8_t>(in_[0]) << 16) |
+                           (static_cast<uint8_t>(in_[1]) << 8) | static_cast<uint8_t>(in_[2]);
+      if (in_.size() < 9 + len) break;
+      Frame(static_cast<uint8_t>(in_[3]), static_cast<uint8_t>(in_[4]), Be32(in_, 5) & 0x7fffffff,
+            in_.substr(9, len));
+      in_.erase(0, 9 + len);
+    }
+  }
+
+  void Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+    if (type == kSettings && (flags & kAck) == 0) {
+      for (size_t i = 0; i + 6 <= payload.size(); i += 6) {
+        const uint16_t id =
+            (static_cast<uint8_t>(payload[i]) << 8) | static_cast<uint8_t>(payload[i + 1]);
+        if (id != 4) continue;  // INITIAL_WINDOW_SIZE: applies to every open stream
+        const int64_t window = Be32(payload, i + 2);
+        for (auto& [sid, st] : streams_) st.window += window - initial_window_;
+        initial_window_ = window;
+      }
+      AppendFrame(&out_, kSettings, kAck, 0, "");
+      settled_ = true;
+    } else if (type == kPing && (flags & kAck) == 0) {
+      AppendFrame(&out_, kPing, kAck, 0, payload);
+    } else if (type == kWindowUpdate && payload.size() == 4) {
+      const uint32_t inc = Be32(payload, 0) & 0x7fffffff;
+      if (stream == 0) {
+        window_ += inc;
+      } else if (auto it = streams_.find(stream); it != streams_.end()) {
+        it->second.window += inc;
+      }
+    } else if (type == kRstStream) {
+      if (streams_.erase(stream) > 0) ++p_.refused;
+    } else if (type == kGoaway) {
+      p_.closed = 1;
+    }
+  }
+
+  // Body for a stream the windows allow, or else a new stream.
+  void Produce() {
+    for (auto& [sid, st] : streams_) {
+      const int64_t n =
+          std::min<int64_t>({st.window, window_, 16384, static_cast<int64_t>(st.left)});
+      if (n <= 0) continue;
+      AppendFrame(&out_, kData, 0, sid, std::string(static_cast<size_t>(n), 'x'));
+      st.window -= n;
+      window_ -= n;
+      st.left -= static_cast<uint64_t>(n);
+      p_.bytes += static_cast<uint64_t>(n);
+      return;
+    }
+    // A new stream only once the server's settings are known, and only with room for its
+    // message prefix.
+    if (!settled_ || window_ < 5 || p_.streams >= static_cast<uint64_t>(o_.streams)) return;
+    const uint32_t sid = static_cast<uint32_t>(2 * p_.streams + 1);
+    ++p_.streams;
+    AppendFrame(&out_, kHeaders, kEndHeaders, sid, headers_);
+    std::string prefix(5, '\0');
+    for (int i = 0; i < 4; ++i) prefix[1 + i] = static_cast<char>(o_.message_bytes >> (24 - 8 * i));
+    streams_[sid] = Stream{initial_window_ - 5, o_.message_bytes - 1};
+    window_ -= 5;
+    AppendFrame(&out_, kData, 0, sid, prefix);
+  }
+
+  void WriteSome() {
+    const ssize_t n = send(fd_, out_.data(), out_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) out_.erase(0, static_cast<size_t>(n));
+    if (n < 0 && errno != EAGAIN && errno != EINTR) p_.closed = 1;
+  }
+
+  const int fd_;
+  const HoldOptions& o_;
+  const std::string headers_;
+  std::string in_, out_;
+  int64_t initial_window_ = 65535;
+  int64_t window_ = 65535;  // the connection's
+  bool settled_ = false;    // the server's SETTINGS arrived
+  std::map<uint32_t, Stream> streams_;
+  HoldProgress p_;
+};
+
 }  // namespace
+
+absl::StatusOr<HoldProgress> HoldUnfinishedMessages(const HoldOptions& o) {
+  signal(SIGPIPE, SIG_IGN);
+  int fd = -1;
+  int rc = -1;
+  if (o.tcp_port != 0) {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(o.tcp_port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    rc = fd < 0 ? -1 : connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } else {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, o.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+    rc = fd < 0 ? -1 : connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  if (rc != 0) return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
+  return Holder(fd, o).Run();  // fd stays open
+}
 
 absl::StatusOr<FloodProgress> FloodWithoutReading(const FloodOptions& o) {
   signal(SIGPIPE, SIG_IGN);

@@ -37,6 +37,31 @@ struct FloodOptions {
 // connection stays open, unread, until the process exits.
 absl::StatusOr<FloodProgress> FloodWithoutReading(const FloodOptions& options);
 
+// The other misbehaving peer: it reads everything (acknowledges SETTINGS, answers PINGs,
+// honours flow control) and opens stream after stream, each a request whose gRPC prefix
+// announces `message_bytes` and whose body it sends as far as the daemon's windows allow,
+// never finishing one. A server with no stream or memory bound buffers all of them.
+struct HoldOptions {
+  std::string socket_path;  // kvtierd's gRPC unix socket; or
+  int tcp_port = 0;         // its TCP port on 127.0.0.1
+  std::string method = "/kvtier.v1.KvTier/SubmitSnapshot";
+  uint32_t message_bytes = 10u << 20;
+  int streams = 256;  // opened at most
+  absl::Duration duration = absl::Seconds(10);
+  int progress_fd = -1;  // gets a HoldProgress every 100 ms
+};
+
+struct HoldProgress {
+  uint64_t streams = 0;  // opened
+  uint64_t refused = 0;  // reset by the server
+  uint64_t bytes = 0;    // of message bodies sent
+  uint64_t closed = 0;   // 1 once the server closed the connection
+};
+
+// Runs for `duration` (or until the server closes the connection); the connection then stays
+// open until the process exits. UNAVAILABLE when it cannot connect.
+absl::StatusOr<HoldProgress> HoldUnfinishedMessages(const HoldOptions& options);
+
 }  // namespace kvtier::testing
 
 #endif  // KVTIER_TESTS_INTEGRATION_SUPPORT_H2_FLOOD_H_
