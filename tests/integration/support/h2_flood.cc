@@ -231,7 +231,68 @@ class Holder {
   HoldProgress p_;
 };
 
+// Reads frames until the trailers (HEADERS with END_STREAM) of `stream`; acknowledges the
+// server's SETTINGS on the way. False when the connection ends first.
+bool ReadUntilTrailers(int fd, uint32_t stream, std::string* in) {
+  for (;;) {
+    while (in->size() >= 9) {
+      const uint32_t len = (static_cast<uint8_t>((*in)[0]) << 16) |
+                           (static_cast<uint8_t>((*in)[1]) << 8) | static_cast<uint8_t>((*in)[2]);
+      if (in->size() < 9 + len) break;
+      const uint8_t type = static_cast<uint8_t>((*in)[3]), flags = static_cast<uint8_t>((*in)[4]);
+      const uint32_t sid = Be32(*in, 5) & 0x7fffffff;
+      in->erase(0, 9 + len);
+      if (type == kSettings && (flags & kAck) == 0) {
+        std::string ack;
+        AppendFrame(&ack, kSettings, kAck, 0, "");
+        if (!WriteAll(fd, ack)) return false;
+      }
+      if (type == kGoaway) return false;
+      if (type == kHeaders && sid == stream && (flags & kEndStream) != 0) return true;
+    }
+    char buf[16384];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    in->append(buf, static_cast<size_t>(n));
+  }
+}
+
 }  // namespace
+
+uint64_t CallEveryIntervalReadingEachAnswer(const PacedOptions& o) {
+  signal(SIGPIPE, SIG_IGN);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, o.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 0;
+  std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  AppendFrame(&out, kSettings, 0, 0, "");
+  const std::string headers = HeaderBlock(o.method);
+  std::string body(5, '\0');
+  const uint32_t size = static_cast<uint32_t>(o.message.size());
+  for (int i = 0; i < 4; ++i) body[1 + i] = static_cast<char>(size >> (24 - 8 * i));
+  body += o.message;
+  std::string in;
+  uint64_t answered = 0;
+  for (int call = 0; call < o.calls; ++call) {
+    const uint32_t stream = static_cast<uint32_t>(2 * call + 1);
+    AppendFrame(&out, kHeaders, kEndHeaders, stream, headers);
+    AppendFrame(&out, kData, kEndStream, stream, body);
+    if (!WriteAll(fd, out) || !ReadUntilTrailers(fd, stream, &in)) break;
+    out.clear();
+    ++answered;
+    std::string ping;
+    AppendFrame(&ping, kPing, 0, 0, std::string(8, static_cast<char>(call)));
+    if (!WriteAll(fd, ping)) break;
+    if (o.progress_fd >= 0) (void)!write(o.progress_fd, &answered, sizeof(answered));
+    absl::SleepFor(o.interval);
+  }
+  if (o.progress_fd >= 0) (void)!write(o.progress_fd, &answered, sizeof(answered));
+  close(fd);
+  return answered;
+}
 
 absl::StatusOr<HoldProgress> HoldUnfinishedMessages(const HoldOptions& o) {
   signal(SIGPIPE, SIG_IGN);

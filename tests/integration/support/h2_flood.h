@@ -62,6 +62,22 @@ struct HoldProgress {
 // open until the process exits. UNAVAILABLE when it cannot connect.
 absl::StatusOr<HoldProgress> HoldUnfinishedMessages(const HoldOptions& options);
 
+// A client that reads every answer: it sends one request (`message` to `method`), reads until
+// that call's trailers, then sends a PING (as gRPC's client does after data, to measure the
+// link) and waits `interval` without reading, so the PING's answer stays unread until its next
+// call: at any instant between calls the same 17 bytes are unread, different bytes each time.
+// Reports the calls answered so far (uint64_t) to `progress_fd` after each; returns them once
+// `calls` are done, or when the daemon drops the connection.
+struct PacedOptions {
+  std::string socket_path;
+  std::string method = "/kvtier.v1.KvTier/GetStatus";
+  std::string message;
+  int calls = 16;
+  absl::Duration interval = absl::Milliseconds(250);
+  int progress_fd = -1;
+};
+uint64_t CallEveryIntervalReadingEachAnswer(const PacedOptions& options);
+
 }  // namespace kvtier::testing
 
 #endif  // KVTIER_TESTS_INTEGRATION_SUPPORT_H2_FLOOD_H_
