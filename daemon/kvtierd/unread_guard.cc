@@ -1,6 +1,11 @@
 #include "daemon/kvtierd/unread_guard.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
 #include <linux/sockios.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
@@ -8,6 +13,9 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -24,10 +32,67 @@ edge::UniqueFd DupIfSame(const Connection& c) {
   return fd;
 }
 
-uint64_t BytesAcked(int fd) {
-  tcp_info info{};
-  socklen_t n = sizeof(info);
-  return getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &n) == 0 ? info.tcpi_bytes_acked : 0;
+// A TCP connection's peer is on this host (server.tcp is loopback only), so the kernel can say
+// what the peer's process has not read: its socket's receive queue, and how much it read in all
+// (bytes received less those still queued). Asked by address through NETLINK_SOCK_DIAG. HTTP/2
+// flow control keeps gRPC from writing past a peer's window, so a TCP peer that reads nothing
+// leaves nothing unacknowledged on the daemon's side: only its own socket shows it. False when
+// the peer's socket is not found (another network namespace, or gone).
+bool PeerQueue(int fd, uint64_t* unread, uint64_t* reads) {
+  sockaddr_storage local{}, remote{};
+  socklen_t ln = sizeof(local), rn = sizeof(remote);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rn) != 0) {
+    return false;
+  }
+  struct {
+    nlmsghdr nlh;
+    inet_diag_req_v2 req;
+  } msg{};
+  msg.nlh.nlmsg_len = sizeof(msg);
+  msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  msg.nlh.nlmsg_flags = NLM_F_REQUEST;
+  msg.req.sdiag_family = static_cast<uint8_t>(remote.ss_family);
+  msg.req.sdiag_protocol = IPPROTO_TCP;
+  msg.req.idiag_ext = 1 << (INET_DIAG_INFO - 1);
+  msg.req.idiag_states = ~0u;
+  msg.req.id.idiag_cookie[0] = msg.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  // The peer's socket: its source is our destination.
+  if (remote.ss_family == AF_INET) {
+    const auto* r = reinterpret_cast<const sockaddr_in*>(&remote);
+    const auto* l = reinterpret_cast<const sockaddr_in*>(&local);
+    msg.req.id.idiag_sport = r->sin_port;
+    msg.req.id.idiag_dport = l->sin_port;
+    std::memcpy(msg.req.id.idiag_src, &r->sin_addr, 4);
+    std::memcpy(msg.req.id.idiag_dst, &l->sin_addr, 4);
+  } else {
+    const auto* r = reinterpret_cast<const sockaddr_in6*>(&remote);
+    const auto* l = reinterpret_cast<const sockaddr_in6*>(&local);
+    msg.req.id.idiag_sport = r->sin6_port;
+    msg.req.id.idiag_dport = l->sin6_port;
+    std::memcpy(msg.req.id.idiag_src, &r->sin6_addr, 16);
+    std::memcpy(msg.req.id.idiag_dst, &l->sin6_addr, 16);
+  }
+  const edge::UniqueFd nl(socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  if (!nl.valid() || send(nl.get(), &msg, sizeof(msg), 0) != sizeof(msg)) return false;
+  alignas(nlmsghdr) char buf[8192];
+  const ssize_t n = recv(nl.get(), buf, sizeof(buf), 0);
+  const auto* h = reinterpret_cast<const nlmsghdr*>(buf);
+  if (n <= 0 || !NLMSG_OK(h, static_cast<uint32_t>(n)) || h->nlmsg_type != SOCK_DIAG_BY_FAMILY) {
+    return false;
+  }
+  const auto* diag = reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h));
+  *unread = diag->idiag_rqueue;
+  *reads = 0;
+  int left = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof(*diag)));
+  for (const rtattr* a = reinterpret_cast<const rtattr*>(diag + 1); RTA_OK(a, left);
+       a = RTA_NEXT(a, left)) {
+    if (a->rta_type != INET_DIAG_INFO) continue;
+    tcp_info info{};
+    std::memcpy(&info, RTA_DATA(a), std::min<size_t>(RTA_PAYLOAD(a), sizeof(info)));
+    *reads = info.tcpi_bytes_received - diag->idiag_rqueue;
+  }
+  return true;
 }
 
 // The peer, for the log: pid 0 is a peer in another pid namespace, not a process.
@@ -121,12 +186,14 @@ void UnreadGuard::Sweep() {
         epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd.get(), &ev);
       }
       sample.reads = reads[c.id] = it == reads_.end() ? 0 : it->second;
-    } else {
-      sample.reads = BytesAcked(fd.get());
     }
     int unread = 0;
     if (ioctl(fd.get(), SIOCOUTQ, &unread) != 0) continue;
     sample.unread = static_cast<uint64_t>(unread);
+    uint64_t peer_unread = 0;
+    if (!c.uid.has_value() && PeerQueue(fd.get(), &peer_unread, &sample.reads)) {
+      sample.unread += peer_unread;
+    }
     samples.push_back(sample);
     by_id[c.id] = &c;
   }

@@ -13,8 +13,9 @@
 // "Reading anything" is what the kernel sees, not the unread count falling: a worker that reads
 // every answer can leave the same count unread at every sample (the bytes kvtierd sent after its
 // last answer), and was dropped for it. On a unix socket each skb the peer consumes wakes the
-// sender's write space, which the guard counts with an edge-triggered epoll of its own; on TCP,
-// the bytes the peer acknowledged (tcpi_bytes_acked) grow.
+// sender's write space, which the guard counts with an edge-triggered epoll of its own. A TCP
+// peer is on this host (server.tcp is loopback only): its own socket, found through
+// NETLINK_SOCK_DIAG, says what its process left unread and has read.
 //
 // gRPC's client reads nothing while it has no call in flight, so an idle worker looks like a
 // stuck one to the kernel. A connection that made a call and none since its bytes went unread is
@@ -45,7 +46,7 @@ namespace kvtier::daemon {
 // One connection at one instant.
 struct UnreadSample {
   uint64_t key = 0;
-  uint64_t unread = 0;  // bytes sent, not yet read (unix) or acknowledged (TCP)
+  uint64_t unread = 0;  // bytes sent, not yet read by the peer's process
   uint64_t reads = 0;   // a counter that moves whenever the peer reads anything
 };
 

@@ -40,9 +40,11 @@ void WithSession(const std::string& address, const std::function<void()>& then) 
   then();
 }
 
-// A paced flood of GetStatus (64 every 20 ms) that never reads, reconnecting when dropped.
-void Flood(const std::string& socket_path, int report_fd) {
+// A paced flood of GetStatus (64 every 20 ms) that never reads, reconnecting when dropped; over
+// TCP when `tcp_port` is set.
+void Flood(const std::string& socket_path, int report_fd, int tcp_port = 0) {
   FloodOptions flood{.socket_path = socket_path,
+                     .tcp_port = tcp_port,
                      .message = v1::GetStatusRequest().SerializeAsString(),
                      .reconnect = true,
                      .pause = absl::Milliseconds(20),
@@ -122,6 +124,26 @@ TEST(GrpcFloodTest, AFlooderSeenAsPidZeroIsDroppedAndMemoryStaysBounded) {
   EXPECT_TRUE(StatusAnswers(*d.process, absl::Seconds(10), &out)) << out;
   EXPECT_EQ(d.process->Log().find("stopped reading: pid 0 "), std::string::npos)
       << "a drop named pid 0 as if it were an identity: " << d.process->Log();
+}
+
+// Row 5: with server.tcp set, nothing looked at TCP connections: the same flood over TCP grew
+// the daemon without bound (623 MiB in 15 s). The guard samples TCP connections too, the bytes
+// the peer acknowledged standing for its reads.
+TEST(GrpcFloodTest, AFlooderOverTcpIsDroppedAndMemoryStaysBounded) {
+  const int port = *FreeLoopbackPort();
+  AttackDaemon d = StartAttackDaemon(
+      absl::StrCat("[server]\ntcp = \"127.0.0.1:", port, "\"\n", std::string(kConfig).substr(9)));
+  ASSERT_NE(d.process, nullptr);
+  Children kids;
+  const int flooder =
+      kids.Spawn([&](int fd) { Flood(d.process->socket_path(), fd, /*tcp_port=*/port); });
+  const Figures f = Watch(d, kids, flooder, absl::Seconds(10));
+  Print("flood over TCP", f);
+  EXPECT_GE(f.flood.streams, kUnderThreadSanitizer ? 1'000u : 10'000u) << "no flood";
+  EXPECT_GE(f.flood.connections, 3u) << "the flooding connection was never dropped";
+  EXPECT_LE(f.rss_max, f.rss0 + (160ull << 20)) << "daemon memory grew with the flood";
+  std::string out;
+  EXPECT_TRUE(StatusAnswers(*d.process, absl::Seconds(10), &out)) << out;
 }
 
 // Row 5: a peer that reads everything and opens stream after stream, each an unfinished ~10 MB

@@ -258,15 +258,34 @@ bool ReadUntilTrailers(int fd, uint32_t stream, std::string* in) {
   }
 }
 
+// A connected stream socket to 127.0.0.1:`tcp_port` when it is set, else to `socket_path`; -1
+// when it cannot connect (errno says why).
+int ConnectTo(const std::string& socket_path, int tcp_port) {
+  const int fd = socket(tcp_port != 0 ? AF_INET : AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int rc = -1;
+  if (fd >= 0 && tcp_port != 0) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(tcp_port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } else if (fd >= 0) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+    rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  if (rc == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
 }  // namespace
 
 uint64_t CallEveryIntervalReadingEachAnswer(const PacedOptions& o) {
   signal(SIGPIPE, SIG_IGN);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, o.socket_path.c_str(), sizeof(addr.sun_path) - 1);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 0;
+  const int fd = ConnectTo(o.socket_path, 0);
+  if (fd < 0) return 0;
   std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
   AppendFrame(&out, kSettings, 0, 0, "");
   const std::string headers = HeaderBlock(o.method);
@@ -296,23 +315,8 @@ uint64_t CallEveryIntervalReadingEachAnswer(const PacedOptions& o) {
 
 absl::StatusOr<HoldProgress> HoldUnfinishedMessages(const HoldOptions& o) {
   signal(SIGPIPE, SIG_IGN);
-  int fd = -1;
-  int rc = -1;
-  if (o.tcp_port != 0) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(o.tcp_port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    rc = fd < 0 ? -1 : connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  } else {
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, o.socket_path.c_str(), sizeof(addr.sun_path) - 1);
-    rc = fd < 0 ? -1 : connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  }
-  if (rc != 0) return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
+  const int fd = ConnectTo(o.socket_path, o.tcp_port);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
   return Holder(fd, o).Run();  // fd stays open
 }
 
@@ -320,11 +324,8 @@ absl::StatusOr<FloodProgress> FloodWithoutReading(const FloodOptions& o) {
   signal(SIGPIPE, SIG_IGN);
   FloodProgress progress;
   for (;;) {
-    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, o.socket_path.c_str(), sizeof(addr.sun_path) - 1);
-    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int fd = ConnectTo(o.socket_path, o.tcp_port);
+    if (fd < 0) {
       return absl::UnavailableError(
           absl::StrCat("connect ", o.socket_path, ": ", std::strerror(errno)));
     }

@@ -21,7 +21,8 @@ struct FloodProgress {
 };
 
 struct FloodOptions {
-  std::string socket_path;  // kvtierd's gRPC unix socket
+  std::string socket_path;  // kvtierd's gRPC unix socket; or
+  int tcp_port = 0;         // its TCP port on 127.0.0.1
   std::string method = "/kvtier.v1.KvTier/GetStatus";
   std::string message;               // serialized request, sent on every stream
   uint64_t max_streams = 1'000'000;  // per connection: stream ids 1, 3, 5, ... (below 2^31)
