@@ -22,11 +22,11 @@ constexpr std::array<absl::string_view, kNumMoveKinds> kMoveKindNames = {
     "offload", "compress", "promote", "decompress", "evict"};
 constexpr std::array<absl::string_view, 3> kDegradeNames = {"ddr_full", "compressed_full", "quota"};
 constexpr std::array<absl::string_view, 2> kAllocFailureNames = {"pool_full", "quota"};
-constexpr std::array<absl::string_view, 14> kDropNames = {
+constexpr std::array<absl::string_view, 16> kDropNames = {
     "grpc_unread",      "heartbeat_unread",    "heartbeat_too_fast",  "heartbeat_refused",
     "heartbeat_misuse", "heartbeat_lane_full", "snapshot_unread",     "snapshot_refused",
     "snapshot_misuse",  "snapshot_lane_full",  "channel_descriptors", "channel_deadline",
-    "channel_uid_full", "channel_full"};
+    "channel_uid_full", "channel_full",        "grpc_over_cap",       "grpc_no_descriptor"};
 static_assert(kDropNames.size() == static_cast<size_t>(Metrics::ConnectionDrop::kCount));
 // Canonical codes 0..16.
 constexpr int kNumCodes = 17;

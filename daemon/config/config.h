@@ -34,6 +34,17 @@ struct ServerOptions {
   int channel_connections = 512;
   int channel_connections_per_uid = 64;
   absl::Duration channel_request_timeout = absl::Milliseconds(500);
+  // gRPC connections open at once (daemon/kvtierd/grpc_acceptor.h): in all (and never above
+  // half of RLIMIT_NOFILE), per uid of a unix peer, and over TCP; one over is refused.
+  int max_connections = 1024;
+  int max_connections_per_uid = 128;
+  int max_tcp_connections = 64;
+  // HTTP/2 streams (calls in flight) per gRPC connection.
+  int max_concurrent_streams = 16;
+  // Bytes gRPC may buffer in all (its ResourceQuota), MiB.
+  int grpc_memory_mib = 256;
+  // A gRPC connection with no call this long is closed (the client reconnects); 0 = never.
+  absl::Duration idle_timeout = absl::Minutes(5);
 };
 
 // Defaults applied to OpenSequence requests that name no policy.

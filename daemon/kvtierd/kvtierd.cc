@@ -2,6 +2,8 @@
 
 #include <grp.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+#include <grpcpp/server_posix.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <signal.h>
@@ -26,6 +28,8 @@
 #include "daemon/config/config.h"
 #include "daemon/daemon_core.h"
 #include "daemon/kvtierd/channel_server.h"
+#include "daemon/kvtierd/connection_table.h"
+#include "daemon/kvtierd/grpc_acceptor.h"
 #include "daemon/kvtierd/listen.h"
 #include "daemon/kvtierd/logger.h"
 #include "daemon/kvtierd/reload.h"
@@ -243,6 +247,53 @@ void ReloadOnSighup(DaemonConfig& running, const DaemonConfig& fresh, DaemonCore
   log.set_level(running.server.log_level);
 }
 
+// The caps of server.max_connections*, the total kept below the descriptor limit.
+ConnectionCaps EffectiveCaps(const ServerOptions& server) {
+  return ConnectionCaps{.total = std::min(server.max_connections, DescriptorCap()),
+                        .per_uid = server.max_connections_per_uid,
+                        .tcp = server.max_tcp_connections};
+}
+
+// The unix listener, and the TCP one when server.tcp is set (`tcp_port`: the port bound).
+absl::StatusOr<std::vector<GrpcAcceptor::Listener>> Listen(const DaemonConfig& config,
+                                                           int* tcp_port) {
+  std::vector<GrpcAcceptor::Listener> listeners;
+  absl::StatusOr<edge::UniqueFd> unix_fd = ListenUnix(config.server.socket_path);
+  if (!unix_fd.ok()) return unix_fd.status();
+  listeners.push_back({*std::move(unix_fd), false});
+  if (!config.server.tcp_address.empty()) {
+    absl::StatusOr<edge::UniqueFd> tcp_fd = ListenTcp(config.server.tcp_address, tcp_port);
+    if (!tcp_fd.ok()) return tcp_fd.status();
+    listeners.push_back({*std::move(tcp_fd), true});
+  }
+  return listeners;
+}
+
+// gRPC with no listener of its own (GrpcAcceptor hands it each connection), bounded per
+// connection (streams) and in all (buffered bytes), idle connections closed.
+std::unique_ptr<grpc::Server> BuildGrpcServer(const DaemonConfig& config, KvTierService* service,
+                                              ConnectionTable* connections) {
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service);
+  // Both limits fit the largest snapshot and plan limits.max_snapshot_entries allows.
+  const uint64_t entries = config.core.max_snapshot_entries;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(edge::MaxSnapshotBytes(entries)));
+  builder.SetMaxSendMessageSize(static_cast<int>(edge::MaxPlanBytes(entries)));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config.server.max_concurrent_streams);
+  if (config.server.idle_timeout > absl::ZeroDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(absl::ToInt64Milliseconds(config.server.idle_timeout)));
+  }
+  grpc::ResourceQuota quota("kvtierd");
+  quota.Resize(static_cast<size_t>(config.server.grpc_memory_mib) << 20);
+  builder.SetResourceQuota(quota);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> recorders;
+  recorders.push_back(connections->CallRecorder());
+  builder.experimental().SetInterceptorCreators(std::move(recorders));
+  return builder.BuildAndStart();
+}
+
 int Serve(const Flags& flags, DaemonConfig config) {
   Logger log(config.server.log_level);
   log.Info(absl::StrCat("starting kvtierd ", KVTIER_VERSION, " (config: ",
@@ -309,41 +360,36 @@ int Serve(const Flags& flags, DaemonConfig config) {
                           .max_connections_per_uid = config.server.channel_connections_per_uid,
                           .request_timeout = config.server.channel_request_timeout});
   KvTierService service(core->get(), config.policy, config.server.policy_threads);
-  grpc::ServerBuilder builder;
-  // Never share a TCP port with another process (a second daemon must fail, not split load).
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(absl::StrCat("unix:", config.server.socket_path),
-                           grpc::InsecureServerCredentials());
+  ConnectionTable connections;
+  std::unique_ptr<grpc::Server> server = BuildGrpcServer(config, &service, &connections);
   int tcp_port = 0;
-  if (!config.server.tcp_address.empty()) {
-    builder.AddListeningPort(config.server.tcp_address, grpc::InsecureServerCredentials(),
-                             &tcp_port);
-  }
-  builder.RegisterService(&service);
-  // Both limits fit the largest snapshot and plan limits.max_snapshot_entries allows.
-  const uint64_t entries = config.core.max_snapshot_entries;
-  builder.SetMaxReceiveMessageSize(static_cast<int>(edge::MaxSnapshotBytes(entries)));
-  builder.SetMaxSendMessageSize(static_cast<int>(edge::MaxPlanBytes(entries)));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || (!config.server.tcp_address.empty() && tcp_port == 0)) {
+  absl::StatusOr<std::vector<GrpcAcceptor::Listener>> listeners = Listen(config, &tcp_port);
+  if (server == nullptr || !listeners.ok()) {
     log.Error(absl::StrCat("cannot listen on unix:", config.server.socket_path,
                            config.server.tcp_address.empty() ? "" : " / ",
-                           config.server.tcp_address));
+                           config.server.tcp_address, ": ",
+                           listeners.ok() ? "gRPC did not start" : listeners.status().message()));
     return 1;
   }
   if (absl::Status s = ShareSocket(config, *pool_gid); !s.ok()) {
     log.Error(absl::StrCat("refusing to serve: ", s.message()));
     return 1;
   }
-  log.Info(absl::StrCat("listening on unix:", config.server.socket_path,
-                        tcp_port ? absl::StrCat(" and ", config.server.tcp_address) : "",
-                        "; memory channel ", channel_path));
+  const ConnectionCaps caps = EffectiveCaps(config.server);
+  log.Info(absl::StrCat(
+      "listening on unix:", config.server.socket_path,
+      tcp_port ? absl::StrCat(" and ", config.server.tcp_address, " (port ", tcp_port, ")") : "",
+      "; memory channel ", channel_path, "; at most ", caps.total, " gRPC connections, ",
+      caps.per_uid, " per uid, ", caps.tcp, " over TCP"));
+  auto acceptor = std::make_unique<GrpcAcceptor>(
+      *std::move(listeners), caps, &connections,
+      [s = server.get()](int fd) { grpc::AddInsecureChannelFromFd(s, fd); },
+      [&log](const std::string& m) { log.Warning(m); }, metrics.get());
   std::unique_ptr<UnreadGuard> unread_guard;
   if (config.server.unread_timeout > absl::ZeroDuration()) {
     unread_guard = std::make_unique<UnreadGuard>(
-        config.server.socket_path, config.server.unread_timeout,
+        &connections, config.server.unread_timeout,
         std::min(absl::Milliseconds(100), config.server.unread_timeout / 4),
-        [c = core->get()](pid_t pid) { return c->SinceLastCall(pid); },
         [&log](const std::string& m) { log.Warning(m); }, metrics.get());
   }
   auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);
@@ -377,6 +423,8 @@ int Serve(const Flags& flags, DaemonConfig config) {
     ReloadOnSighup(config, *fresh, core->get(), log);
   }
   sd_notify(0, "STOPPING=1");
+  acceptor.reset();  // no new connections
+  unlink(config.server.socket_path.c_str());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   watchdog.reset();
   reaper.reset();

@@ -73,6 +73,17 @@ ConfigChanges DiffConfigs(const DaemonConfig& running, const DaemonConfig& fresh
                fresh.server.unread_timeout);
   later.Number("server.heartbeat_priority", running.server.heartbeat_priority,
                fresh.server.heartbeat_priority);
+  later.Number("server.max_connections", running.server.max_connections,
+               fresh.server.max_connections);
+  later.Number("server.max_connections_per_uid", running.server.max_connections_per_uid,
+               fresh.server.max_connections_per_uid);
+  later.Number("server.max_tcp_connections", running.server.max_tcp_connections,
+               fresh.server.max_tcp_connections);
+  later.Number("server.max_concurrent_streams", running.server.max_concurrent_streams,
+               fresh.server.max_concurrent_streams);
+  later.Number("server.grpc_memory_mib", running.server.grpc_memory_mib,
+               fresh.server.grpc_memory_mib);
+  later.Millis("server.idle_timeout_ms", running.server.idle_timeout, fresh.server.idle_timeout);
   later.Number("pools.ddr_mib", a.ddr_pool_bytes >> 20, b.ddr_pool_bytes >> 20);
   later.Number("pools.compressed_mib", a.compressed_pool_bytes >> 20,
                b.compressed_pool_bytes >> 20);

@@ -115,9 +115,9 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const Option
   d->ddr_mib_ = options.ddr_mib;
   d->compressed_mib_ = options.compressed_mib;
   if (absl::Status s = d->RewriteConfig(options.config_text); !s.ok()) return s;
-  std::vector<std::string> argv = {
-      BuiltProgram("kvtierd"), "--config",  d->config_path_,        "--socket",
-      d->socket_path_,         "--metrics", options.metrics_address};
+  std::vector<std::string> argv = options.wrapper;
+  argv.insert(argv.end(), {BuiltProgram("kvtierd"), "--config", d->config_path_, "--socket",
+                           d->socket_path_, "--metrics", options.metrics_address});
   argv.insert(argv.end(), options.args.begin(), options.args.end());
   d->pid_ = SpawnProgram(argv, d->log_path_, options.env);
   absl::Time deadline = absl::Now() + absl::Seconds(20);

@@ -42,10 +42,13 @@ class DaemonProcess {
     std::string config_text;        // extra TOML written to a config file; "" = none
     std::vector<std::string> args;  // extra flags
     std::vector<std::string> env;   // "NAME=VALUE" added to kvtierd's environment
-    std::string socket_path;        // "" = a fresh one in the temp dir
-    std::string metrics_address;    // --metrics host:port; "" = no metrics endpoint
-    std::string shm_prefix;         // "" = one unique to this daemon
-    uint32_t ddr_mib = 64;          // pool sizes: small, so tests can fill them
+    // A command kvtierd runs under ({"/usr/bin/unshare", "--pid", "--fork", "--kill-child"}); pid()
+    // is then that command's.
+    std::vector<std::string> wrapper;
+    std::string socket_path;      // "" = a fresh one in the temp dir
+    std::string metrics_address;  // --metrics host:port; "" = no metrics endpoint
+    std::string shm_prefix;       // "" = one unique to this daemon
+    uint32_t ddr_mib = 64;        // pool sizes: small, so tests can fill them
     uint32_t compressed_mib = 32;
   };
   // Starts kvtierd and waits until its socket accepts connections.

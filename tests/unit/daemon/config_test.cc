@@ -25,6 +25,12 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->server.channel_connections_per_uid,
             built_in.server.channel_connections_per_uid);
   EXPECT_EQ(parsed->server.channel_request_timeout, built_in.server.channel_request_timeout);
+  EXPECT_EQ(parsed->server.max_connections, built_in.server.max_connections);
+  EXPECT_EQ(parsed->server.max_connections_per_uid, built_in.server.max_connections_per_uid);
+  EXPECT_EQ(parsed->server.max_tcp_connections, built_in.server.max_tcp_connections);
+  EXPECT_EQ(parsed->server.max_concurrent_streams, built_in.server.max_concurrent_streams);
+  EXPECT_EQ(parsed->server.grpc_memory_mib, built_in.server.grpc_memory_mib);
+  EXPECT_EQ(parsed->server.idle_timeout, built_in.server.idle_timeout);
   EXPECT_EQ(parsed->core.pool_backend, built_in.core.pool_backend);
   EXPECT_EQ(parsed->core.numa_node, built_in.core.numa_node);
   EXPECT_EQ(parsed->core.cuda_library, built_in.core.cuda_library);
@@ -86,6 +92,12 @@ snapshot_priority = 2
 channel_connections = 100
 channel_connections_per_uid = 8
 channel_request_timeout_ms = 250
+max_connections = 100
+max_connections_per_uid = 4
+max_tcp_connections = 0
+max_concurrent_streams = 8
+grpc_memory_mib = 64
+idle_timeout_ms = 0
 [pools]
 ddr_mib = 64
 mode = "0600"
@@ -108,6 +120,12 @@ evict_ratio = 0.03
   EXPECT_EQ(c->server.channel_connections, 100);
   EXPECT_EQ(c->server.channel_connections_per_uid, 8);
   EXPECT_EQ(c->server.channel_request_timeout, absl::Milliseconds(250));
+  EXPECT_EQ(c->server.max_connections, 100);
+  EXPECT_EQ(c->server.max_connections_per_uid, 4);
+  EXPECT_EQ(c->server.max_tcp_connections, 0);
+  EXPECT_EQ(c->server.max_concurrent_streams, 8);
+  EXPECT_EQ(c->server.grpc_memory_mib, 64);
+  EXPECT_EQ(c->server.idle_timeout, absl::ZeroDuration());
   EXPECT_EQ(c->core.ddr_pool_bytes, 64ull << 20);
   EXPECT_EQ(c->core.shm_mode, 0600u);
   EXPECT_EQ(c->core.security.allow_uids, (std::vector<uint32_t>{1000, 1001}));
@@ -169,6 +187,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "server.channel_connections_per_uid = 0"},
         BadCase{"[server]\nchannel_request_timeout_ms = 5\n",
                 "server.channel_request_timeout_ms = 5"},
+        BadCase{"[server]\nmax_connections_per_uid = 0\n", "server.max_connections_per_uid = 0"},
+        BadCase{"[server]\nmax_concurrent_streams = 0\n", "server.max_concurrent_streams = 0"},
+        BadCase{"[server]\ngrpc_memory_mib = 1\n", "server.grpc_memory_mib = 1"},
+        BadCase{"[server]\nidle_timeout_ms = -5\n", "server.idle_timeout_ms = -5"},
         BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
 
 TEST(ConfigTest, ErrorsCarryTheLineNumber) {

@@ -5,8 +5,6 @@
 namespace kvtier::daemon {
 namespace {
 
-using Samples = std::vector<std::pair<uint64_t, uint64_t>>;
-
 absl::Time At(int ms) { return absl::UnixEpoch() + absl::Milliseconds(ms); }
 
 TEST(UnreadTrackerTest, DropsAConnectionWhoseUnreadBytesNeverWentDownForTheTimeout) {
@@ -64,6 +62,29 @@ TEST(UnreadTrackerTest, APeerThatSentNothingSinceItGotStuckIsKeptAndItsClockStar
   EXPECT_EQ(t.Update(At(1000), {{9, 768}}, peer), std::vector<uint64_t>{9});
   ASSERT_EQ(asked.size(), 2u);
   EXPECT_EQ(asked[1], absl::Milliseconds(500));  // a call since 500 counts
+}
+
+// Row 15 of issue #31: a worker that reads every answer but, at each 100 ms sample, has the
+// same number of bytes unread (those kvtierd sent after the answer it just read). The unread
+// count never falls, but the peer's reads move: it is never dropped.
+TEST(UnreadTrackerTest, APeerThatReadsEveryAnswerButLeavesTheSameCountUnreadIsKept) {
+  UnreadTracker t(absl::Milliseconds(500));
+  bool asked = false;
+  const UnreadTracker::Quiet calling = [&](uint64_t, absl::Duration) {
+    asked = true;
+    return false;  // it calls all the time
+  };
+  uint64_t reads = 0;
+  for (int ms = 0; ms <= 5000; ms += 100) {
+    reads += 3;  // an answer read since the last sample
+    EXPECT_TRUE(t.Update(At(ms), {{4, 768, reads}}, calling).empty()) << ms;
+  }
+  EXPECT_FALSE(asked);
+  // The same pattern without a read: stuck, dropped at the timeout.
+  for (int ms = 5100; ms < 5500; ms += 100) {
+    EXPECT_TRUE(t.Update(At(ms), {{4, 768, reads}}, calling).empty()) << ms;
+  }
+  EXPECT_EQ(t.Update(At(5500), {{4, 768, reads}}, calling), std::vector<uint64_t>{4});
 }
 
 }  // namespace
