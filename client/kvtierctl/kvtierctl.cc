@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/kvtierctl/plan_command.h"
 #include "client/kvtierctl/table.h"
 #include "edge/memory_channel.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -104,7 +105,13 @@ int main(int argc, char** argv) {
   app.add_subcommand("workers", "Registered workers and their leases");
   app.add_subcommand("sequences", "Open sequences and where their tokens live");
   app.add_subcommand("pools", "Shared-memory pools: capacity and use");
+  ctl::PlanArgs plan_args;
+  CLI::App* plan = ctl::AddPlanCommand(app, &plan_args);
   CLI11_PARSE(app, argc, argv);
+  if (plan->parsed()) {
+    plan_args.json |= json;
+    return ctl::RunPlan(plan_args);
+  }
   const std::string command = app.get_subcommands()[0]->get_name();
 
   const std::string target = address.empty() ? "unix:" + socket : address;
