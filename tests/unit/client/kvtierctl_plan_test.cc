@@ -46,6 +46,36 @@ TEST(KvtierctlPlanTest, ReadsGeometryFromGgufMetadata) {
   EXPECT_GT(m->weight_bytes, 0);
 }
 
+TEST(KvtierctlPlanTest, ReadsGgufOfKQuantTensorsAndTokenizerArrays) {
+  // What a published Q4_K_M file looks like to the planner: a string array (the vocabulary), an
+  // i32 array, and tensors of a type the engine's reader does not know (Q4_K = 12).
+  engine::GgufWriter w;
+  w.Header(1, 7);
+  w.KvStr("general.architecture", "llama");
+  w.Str("tokenizer.ggml.tokens");
+  w.Put<uint32_t>(9);  // array
+  w.Put<uint32_t>(8);  // of strings
+  w.Put<uint64_t>(3);
+  for (const char* t : {"<s>", "a", "bc"}) w.Str(t);
+  w.Str("tokenizer.ggml.token_type");
+  w.Put<uint32_t>(9);
+  w.Put<uint32_t>(5);  // of i32
+  w.Put<uint64_t>(3);
+  for (int32_t t : {1, 2, 3}) w.Put<int32_t>(t);
+  w.KvU32("llama.block_count", 32);
+  w.KvU32("llama.attention.head_count", 32);
+  w.KvU32("llama.attention.head_count_kv", 8);
+  w.KvU32("llama.embedding_length", 4096);
+  w.TensorInfo("blk.0.attn_q.weight", {256, 1}, 12, 0);
+  w.Align(32);
+  w.Fill(144, 0);
+  auto m = LoadModel(WriteFile("q4k.gguf", std::string(w.bytes().begin(), w.bytes().end())));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->num_layers, 32u);
+  EXPECT_EQ(m->num_kv_heads, 8u);
+  EXPECT_EQ(m->head_dim, 128u);
+}
+
 TEST(KvtierctlPlanTest, GgufWithoutKvHeadsIsMha) {
   auto m = LoadModel(WriteFile("mha.gguf", QwenGguf(false)));
   ASSERT_TRUE(m.ok()) << m.status();
@@ -87,7 +117,14 @@ TEST(KvtierctlPlanTest, BadModelsAreErrorsNamingWhatIsWrong) {
 
   std::string truncated = QwenGguf(true);
   truncated.resize(truncated.size() - 3);
-  EXPECT_FALSE(LoadModel(WriteFile("truncated.gguf", truncated)).ok());
+  EXPECT_THAT(std::string(LoadModel(WriteFile("truncated.gguf", truncated)).status().message()),
+              HasSubstr("truncated.gguf"));
+  engine::GgufWriter no_layers;
+  no_layers.Header(0, 1);
+  no_layers.KvStr("general.architecture", "llama");
+  auto missing_key = LoadModel(
+      WriteFile("nolayers.gguf", std::string(no_layers.bytes().begin(), no_layers.bytes().end())));
+  EXPECT_THAT(std::string(missing_key.status().message()), HasSubstr("llama.block_count"));
 }
 
 TEST(KvtierctlPlanTest, ParsesMeminfo) {
