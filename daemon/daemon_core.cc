@@ -1,7 +1,6 @@
 #include "daemon/daemon_core.h"
 
 #include <fcntl.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,6 +144,10 @@ DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics
   }
   PiMutexLock lock(&mu_);
   UpdateGaugesLocked();
+  PiMutexLock lease_lock(&lease_mu_);
+  lease_ttl_ = options.lease_ttl;
+  heartbeat_interval_ = options.heartbeat_interval;
+  issued_below_ = id_base_;
 }
 
 DaemonCoreImpl::~DaemonCoreImpl() {
@@ -153,8 +156,14 @@ DaemonCoreImpl::~DaemonCoreImpl() {
   workers_.clear();
 }
 
-bool DaemonCoreImpl::ExpiredLocked(const WorkerRec& w) const {
-  return clock_->Now() - w.last_seen > options_.lease_ttl;
+bool DaemonCoreImpl::LeaseExpiredLocked(uint64_t id) const {
+  auto it = leases_.find(id);
+  return it == leases_.end() || clock_->Now() - it->second.last_seen > lease_ttl_;
+}
+
+double DaemonCoreImpl::StepSecondsLocked(uint64_t id) const {
+  auto it = leases_.find(id);
+  return it == leases_.end() ? 0 : it->second.step_seconds;
 }
 
 absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
@@ -172,15 +181,23 @@ absl::StatusOr<WorkerRec*> DaemonCoreImpl::AuthenticateLocked(uint64_t id,
     return absl::NotFoundError(
         absl::StrCat("worker_id ", id, " is unknown (daemon restarted?); register again"));
   }
-  if (ExpiredLocked(it->second)) {
+  bool expired;
+  {
+    PiMutexLock lease_lock(&lease_mu_);
+    expired = LeaseExpiredLocked(id);
+    if (!expired) {
+      Lease& lease = leases_.at(id);
+      lease.last_seen = clock_->Now();
+      if (via == Via::kRpc) lease.last_call = lease.last_seen;
+    }
+  }
+  if (expired) {
     FreeWorkerLocked(id);
     if (metrics_ != nullptr) metrics_->CountLeaseExpirations(1);
     UpdateGaugesLocked();
     return absl::FailedPreconditionError(
         absl::StrCat("worker_id ", id, ": lease expired; register again"));
   }
-  it->second.last_seen = clock_->Now();
-  if (via == Via::kRpc) it->second.last_call = it->second.last_seen;
   return &it->second;
 }
 
@@ -239,10 +256,13 @@ uint64_t DaemonCoreImpl::FreeSequenceLocked(WorkerRec& w, uint64_t sequence_id) 
   if (it == sequences_.end()) return 0;
   SequenceRec& s = *it->second;
   uint64_t freed = 0;
-  for (Slot& slot : s.slots) {
+  for (auto& [i, slot] : s.slots) {
     freed += slot.valid() ? 1 : 0;
     ReleaseLocked(w, slot);
   }
+  s.slots.clear();
+  w.entries -= s.entries();
+  total_entries_ -= s.entries();
   s.closed = true;
   if (s.pending.has_value()) {
     for (PendingMove& m : s.pending->moves) {
@@ -264,6 +284,8 @@ void DaemonCoreImpl::FreeWorkerLocked(uint64_t worker_id) {
   std::vector<uint64_t> seqs(w.sequences.begin(), w.sequences.end());
   for (uint64_t id : seqs) FreeSequenceLocked(w, id);
   workers_.erase(it);
+  PiMutexLock lease_lock(&lease_mu_);
+  leases_.erase(worker_id);
 }
 
 void DaemonCoreImpl::SetFiguresLocked(SequenceRec& s, const PlacementFigures& f) {
@@ -403,7 +425,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   RETURN_IF_ERROR(CheckMax("worker_name length", r.worker_name().size(), kMaxNameBytes));
   if (r.pid() < 0) return Invalid("pid", absl::StrCat("must be >= 0, got ", r.pid()));
   ASSIGN_OR_RETURN(layout::KvGeometry geo, ValidateGeometry(r));
-  ASSIGN_OR_RETURN(LinkDecl link, ValidateLinkLocked(r));
+  ASSIGN_OR_RETURN(LinkDecl link, ValidateLink(r));
   uint64_t page_bytes = 0;
   for (uint32_t g = 0; g < geo.layer_groups; ++g)
     page_bytes = std::max(page_bytes, geo.PageBytes(g));
@@ -435,6 +457,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   // Last check before anything changes: the ticket is spent only by a registration that works.
   ASSIGN_OR_RETURN(Ticket ticket,
                    RedeemTicketLocked(r.channel_ticket(), /*consume=*/false, "channel_ticket"));
+  RETURN_IF_ERROR(ScopeLinkLocked(ticket.peer.uid, link));
   WorkerRec w;
   w.id = next_worker_id_;
   ASSIGN_OR_RETURN(w.secret, edge::NewSecret());
@@ -449,8 +472,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   w.hbm_budget_bytes = r.hbm_budget_bytes();
   w.page_bytes = {r.t1_page_bytes(), r.t2_page_bytes()};
   w.link = std::move(link);
-  w.last_seen = clock_->Now();
-  w.last_call = w.last_seen;
+  {
+    PiMutexLock lease_lock(&lease_mu_);
+    const absl::Duration now = clock_->Now();
+    leases_[w.id] = Lease{w.secret, w.peer.uid, now, now, 0};
+    issued_below_ = w.id + 1;
+  }
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
   resp.set_session_secret(w.secret);
@@ -469,42 +496,62 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
 
 absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::Heartbeat(
     const v1::HeartbeatRequest& request) {
-  PiMutexLock lock(&mu_);
-  return Count(Metrics::Rpc::kHeartbeat, HeartbeatLocked(request));
+  return Count(Metrics::Rpc::kHeartbeat, RenewLease(request, nullptr));
 }
 
 absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::ChannelHeartbeat(
     const edge::PeerCredentials& peer, const v1::HeartbeatRequest& request) {
-  PiMutexLock lock(&mu_);
+  // Worker 0 is never issued: a health probe's heartbeat (edge/health_probe.h), refused through
+  // the lock a worker's takes and counted as no worker's error.
+  if (request.worker_id() == 0) {
+    PiMutexLock lease_lock(&lease_mu_);
+    return absl::FailedPreconditionError("worker_id 0 is never issued (a health probe?)");
+  }
   absl::StatusOr<v1::HeartbeatResponse> beat =
-      Count(Metrics::Rpc::kHeartbeat, HeartbeatLocked(request, &peer));
+      Count(Metrics::Rpc::kHeartbeat, RenewLease(request, &peer));
   if (!beat.ok()) return beat.status();
   v1::ChannelReply reply;
   *reply.mutable_heartbeat() = *std::move(beat);
   return reply;
 }
 
-absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::HeartbeatLocked(
+absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::RenewLease(
     const v1::HeartbeatRequest& r, const edge::PeerCredentials* channel_peer) {
   if (r.daemon_epoch() != epoch_) {
     return absl::FailedPreconditionError(absl::StrCat("daemon_epoch ", r.daemon_epoch(),
                                                       " is not the daemon's (", epoch_,
                                                       "): the daemon restarted; register again"));
   }
-  absl::StatusOr<WorkerRec*> w = AuthenticateLocked(r.worker_id(), r.session_secret(),
-                                                    channel_peer ? Via::kChannel : Via::kRpc);
-  if (!w.ok()) {
-    if (w.status().code() == absl::StatusCode::kPermissionDenied) return w.status();
-    // A heartbeat from any worker the daemon does not know means: register again.
-    return absl::FailedPreconditionError(w.status().message());
+  const uint64_t id = r.worker_id();
+  PiMutexLock lease_lock(&lease_mu_);
+  auto it = leases_.find(id);
+  if (it != leases_.end() && !edge::SecretsEqual(r.session_secret(), it->second.secret)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session_secret does not match worker_id ", id,
+                     r.session_secret().empty() ? " (none given)" : ""));
   }
-  RETURN_IF_ERROR(CheckSameUid(**w, channel_peer));
+  // A heartbeat from any worker the daemon does not know means: register again.
+  if (it == leases_.end() || LeaseExpiredLocked(id)) {
+    // Nothing renews an expired lease; the next holder of mu_ frees the record (ReapExpired).
+    if (it != leases_.end()) leases_.erase(it);
+    const bool issued = id >= id_base_ && id < issued_below_;
+    return absl::FailedPreconditionError(
+        issued ? absl::StrCat("worker_id ", id, ": lease expired; register again")
+               : absl::StrCat("worker_id ", id, " is unknown (daemon restarted?); register again"));
+  }
+  Lease& lease = it->second;
+  if (channel_peer != nullptr && channel_peer->uid != lease.uid) {
+    return absl::PermissionDeniedError(absl::StrCat("worker_id ", id, " registered as uid ",
+                                                    lease.uid, ", not uid ", channel_peer->uid));
+  }
   // The lease is renewed either way: a bad figure is refused, the worker is not punished.
+  lease.last_seen = clock_->Now();
+  if (channel_peer == nullptr) lease.last_call = lease.last_seen;
   RETURN_IF_ERROR(ValidateStepSeconds(r.step_seconds()));
-  (*w)->step_seconds = r.step_seconds();
+  lease.step_seconds = r.step_seconds();
   v1::HeartbeatResponse resp;
-  resp.set_lease_ttl_ms(Ms(options_.lease_ttl));
-  resp.set_heartbeat_interval_ms(Ms(options_.heartbeat_interval));
+  resp.set_lease_ttl_ms(Ms(lease_ttl_));
+  resp.set_heartbeat_interval_ms(Ms(heartbeat_interval_));
   return resp;
 }
 
@@ -719,13 +766,17 @@ DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusR
   }
   resp.set_view(all ? "all" : own != 0 ? "own" : "none");
   if (r.include_workers()) {
+    PiMutexLock lease_lock(&lease_mu_);
     for (const auto& [id, w] : workers_) {
       if (!all && id != own) continue;
-      const absl::Duration left = w.last_seen + options_.lease_ttl - now;
+      auto lease = leases_.find(id);
+      const absl::Duration left = lease == leases_.end()
+                                      ? absl::ZeroDuration()
+                                      : lease->second.last_seen + lease_ttl_ - now;
       rows.workers.push_back({id, w.name, w.model_name, w.pid, w.peer.uid,
                               static_cast<uint32_t>(w.sequences.size()), w.pool_bytes,
                               left > absl::ZeroDuration() ? Ms(left) : 0, w.link.id, w.h2d_grant,
-                              w.step_seconds});
+                              StepSecondsLocked(id)});
     }
   }
   if (r.include_sequences()) {
@@ -741,8 +792,13 @@ DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusR
 int DaemonCoreImpl::ReapExpired() {
   PiMutexLock lock(&mu_);
   std::vector<uint64_t> expired;
-  for (const auto& [id, w] : workers_) {
-    if (ExpiredLocked(w)) expired.push_back(id);
+  {
+    // Decided and removed in one go under lease_mu_: no heartbeat renews a lease found expired.
+    PiMutexLock lease_lock(&lease_mu_);
+    for (const auto& [id, w] : workers_) {
+      if (LeaseExpiredLocked(id)) expired.push_back(id);
+    }
+    for (uint64_t id : expired) leases_.erase(id);
   }
   for (uint64_t id : expired) FreeWorkerLocked(id);
   if (metrics_ != nullptr && !expired.empty()) metrics_->CountLeaseExpirations(expired.size());
@@ -756,9 +812,10 @@ std::optional<absl::Duration> DaemonCoreImpl::SinceLastCall(pid_t pid) {
   PiMutexLock lock(&mu_);
   std::optional<absl::Duration> since;
   const absl::Duration now = clock_->Now();
+  PiMutexLock lease_lock(&lease_mu_);
   for (const auto& [id, w] : workers_) {
-    if (w.peer.pid != pid || ExpiredLocked(w)) continue;
-    since = std::min(since.value_or(absl::InfiniteDuration()), now - w.last_call);
+    if (w.peer.pid != pid || LeaseExpiredLocked(id)) continue;
+    since = std::min(since.value_or(absl::InfiniteDuration()), now - leases_.at(id).last_call);
   }
   return since;
 }
@@ -798,6 +855,11 @@ absl::Status DaemonCoreImpl::Reload(const CoreOptions& options) {
   options_.security = options.security;
   options_.lease_ttl = ttl;
   options_.heartbeat_interval = beat;
+  options_.max_worker_entries = options.max_worker_entries;
+  options_.max_node_entries = options.max_node_entries;
+  PiMutexLock lease_lock(&lease_mu_);
+  lease_ttl_ = ttl;
+  heartbeat_interval_ = beat;
   return absl::OkStatus();
 }
 
@@ -837,6 +899,24 @@ absl::Status ValidateOptions(const CoreOptions& o) {
                                                    edge::kMaxSnapshotEntriesCap, "], got ",
                                                    o.max_snapshot_entries));
   }
+  if (o.max_worker_entries == 0 || o.max_node_entries == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_worker_entries and max_node_entries must be >= 1, got ",
+                     o.max_worker_entries, " and ", o.max_node_entries));
+  }
+  for (size_t i = 0; i < o.links.size(); ++i) {
+    const LinkEntry& l = o.links[i];
+    if (l.id.empty() || !(l.bytes_per_second > 0 && l.bytes_per_second <= kMaxLinkBytesPerSecond)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("links[", i, "] \"", l.id, "\": needs an id and ",
+                       "bytes_per_second in (0, ", kMaxLinkBytesPerSecond, "]"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (o.links[j].id == l.id) {
+        return absl::InvalidArgumentError(absl::StrCat("links: link_id \"", l.id, "\" twice"));
+      }
+    }
+  }
   if (o.shm_prefix.size() < 2 || o.shm_prefix[0] != '/' ||
       o.shm_prefix.find('/', 1) != std::string::npos) {
     return absl::InvalidArgumentError(
@@ -846,25 +926,16 @@ absl::Status ValidateOptions(const CoreOptions& o) {
 }
 
 // Extents must be creatable before any worker relies on them: one of each pool is made and
-// dropped, and an extent directory must have room for both budgets.
+// dropped. An extent directory is refused: files there cannot be sealed (tmpfs seals only
+// memfds), so a worker could grow its own extent and fill the filesystem for every worker.
 absl::Status ProbeExtents(const CoreOptions& o) {
   if (!o.extent_dir.empty()) {
-    struct statvfs st;
-    if (statvfs(o.extent_dir.c_str(), &st) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("pools.extent_dir \"", o.extent_dir, "\": ", std::strerror(errno)));
-    }
-    const uint64_t room = uint64_t{st.f_bavail} * st.f_frsize;
-    const uint64_t need = o.ddr_pool_bytes + o.compressed_pool_bytes;
-    if (room < need) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("pools.extent_dir \"", o.extent_dir, "\" has ", room >> 20,
-                       " MiB free but the DDR and "
-                       "compressed budgets need ",
-                       need >> 20,
-                       " MiB: grow the tmpfs or lower pools.ddr_mib "
-                       "and pools.compressed_mib"));
-    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pools.extent_dir = \"", o.extent_dir,
+        "\" is refused: files in a directory cannot be sealed against growing (only memfds "
+        "can), so any worker could grow its extent and fill that filesystem for every other "
+        "worker; leave it empty (sealed memfd extents) and bound the daemon's memory with its "
+        "cgroup (MemoryMax=, docs/security.md)"));
   }
   for (int i = 0; i < 2; ++i) {
     const uint64_t capacity = i == 0 ? o.ddr_pool_bytes : o.compressed_pool_bytes;

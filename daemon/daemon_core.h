@@ -36,6 +36,13 @@ struct SecurityOptions {
   gid_t pool_gid = static_cast<gid_t>(-1);  // -1: the daemon's group
 };
 
+// One host link of the operator's table ([links] in deploy/kvtierd.toml).
+struct LinkEntry {
+  std::string id;
+  double bytes_per_second = 0;  // host-to-device, in (0, 1e12]
+  uint32_t numa_node = 0;
+};
+
 // Settings the core needs (the daemon's TOML config carries them; see deploy/kvtierd.toml).
 struct CoreOptions {
   uint64_t ddr_pool_bytes = 1ull << 30;           // T1 budget, node-wide
@@ -64,12 +71,21 @@ struct CoreOptions {
   uint32_t max_sequences_per_worker = 1024;
   uint32_t max_sequences = 65536;              // node-wide
   uint64_t max_snapshot_entries = 1ull << 21;  // layer_groups x num_pages of one snapshot
-  uint64_t worker_ddr_quota_bytes = 0;         // 0 = no per-worker quota
+  // Snapshot entries (layer_groups x num_pages) the sequences of one worker, and of the node,
+  // may hold: each costs the daemon's heap a byte of tiers and a byte of the plan in flight, a
+  // pooled page its slot. One worker at its limit holds an eighth of the node's.
+  uint64_t max_worker_entries = 1ull << 24;
+  uint64_t max_node_entries = 1ull << 27;
+  uint64_t worker_ddr_quota_bytes = 0;  // 0 = no per-worker quota
   uint64_t worker_compressed_quota_bytes = 0;
   SecurityOptions security;
   std::string listen_address;   // shown in status
   std::string metrics_address;  // shown in status
   uint64_t daemon_epoch = 0;    // 0 = random per start (tests may fix it)
+  // [links]: host links as the operator describes them (link_id -> bandwidth, NUMA node). A
+  // worker naming one of these link_ids shares it with every worker that does, at this
+  // bandwidth, whatever it declares; any other link_id is scoped to the declaring uid.
+  std::vector<LinkEntry> links;
   // Prefetch schedules: the step time assumed for a worker that has not reported one yet
   // (turns its link share into bytes per step).
   absl::Duration assumed_step = absl::Milliseconds(20);
@@ -150,10 +166,10 @@ class DaemonCore {
   virtual void PrepareSpareExtents() = 0;
 
   // Applies settings that can change without a restart: per-worker quotas, max_workers,
-  // max_sequences_per_worker, max_sequences, lease_ttl and heartbeat_interval (when > 0),
-  // [security]. Others (pool sizes, extents, epoch) are ignored. Lower caps do not evict
-  // anything already admitted. INVALID_ARGUMENT (and nothing applied) when the lease TTL would
-  // not exceed the heartbeat interval.
+  // max_sequences_per_worker, max_sequences, max_worker_entries, max_node_entries, lease_ttl and
+  // heartbeat_interval (when > 0), [security]. Others (pool sizes, extents, epoch) are ignored.
+  // Lower caps do not evict anything already admitted. INVALID_ARGUMENT (and nothing applied) when
+  // the lease TTL would not exceed the heartbeat interval.
   virtual absl::Status Reload(const CoreOptions& options) = 0;
 };
 

@@ -47,19 +47,31 @@ struct WorkerRec {
   layout::KvGeometry geometry;
   uint64_t hbm_budget_bytes = 0;
   std::array<uint64_t, 2> page_bytes{};  // slot request per pool: t1_page_bytes, t2_page_bytes
-  absl::Duration last_seen;              // the lease: any authenticated request renews it
-  absl::Duration last_call;  // the last request on the gRPC socket (the unread guard's question)
+  // The lease (last_seen, last_call, step_seconds) is the core's leases_[id], under lease_mu_.
   absl::flat_hash_set<uint64_t> sequences;
+  uint64_t entries = 0;  // sum of its sequences' SequenceRec::entries() (limits.max_worker_entries)
   std::array<uint64_t, 2> pool_bytes{};  // slot bytes held, pending destinations included
   // The worker's memory of each pool (index PoolIndex). The registry frees the sequences'
   // slots before a worker record goes away.
   std::array<std::unique_ptr<WorkerMemory>, 2> memory;
-  // Prefetch schedules: the declared link, the last reported step time (0 = none), the sum of
-  // its sequences' SequenceRec::scheduled_bytes, and the last grant on its link.
+  // Prefetch schedules: the declared link, the sum of its sequences' SequenceRec::scheduled_bytes,
+  // and the last grant on its link (the last reported step time is its lease's).
   LinkDecl link;
-  double step_seconds = 0;
   uint64_t scheduled_bytes = 0;
   double h2d_grant = 0;
+};
+
+// What a heartbeat reads and renews, kept apart from the registry so that renewing it never
+// waits for the core's mu_ (which a snapshot holds for work proportional to its size). A worker
+// has a Lease while its WorkerRec is live; a lease found expired is removed at once (nothing
+// renews it again) and the record is freed by the next holder of mu_ that looks (a request or
+// the reaper).
+struct Lease {
+  std::string secret;  // the worker's session secret (a copy of WorkerRec::secret)
+  uid_t uid = 0;       // the kernel's word at registration (a channel heartbeat must match it)
+  absl::Duration last_seen;  // any authenticated request renews it
+  absl::Duration last_call;  // the last request on the gRPC socket (the unread guard's question)
+  double step_seconds = 0;   // the last reported step time (0 = none)
 };
 
 // A request over the memory channel speaks for a worker only from the uid that registered it
@@ -72,6 +84,9 @@ struct Ticket {
   absl::Duration expires;
   bool operator_view = false;
 };
+
+// Destination (or held) slots of a sequence's pages, by placement index: only pooled pages.
+using SlotMap = absl::flat_hash_map<uint32_t, Slot>;
 
 struct PendingMove {
   tiering::Move move;
@@ -104,9 +119,11 @@ struct SequenceRec {
   uint64_t prompt_tokens = 0;
   uint64_t length = 0;
   tiering::Placement placement;  // acknowledged placement
-  std::vector<Slot> slots;       // parallel to placement.tiers; valid iff the tier is T1/T2
-  uint64_t last_acked = 0;       // last plan acknowledged (applied or refused)
-  uint64_t last_applied = 0;     // last plan applied
+  // The slot of every page placement puts in T1/T2, by placement index (group-major); pages in
+  // T0 and T3 have none. Sparse: a sequence of 2M T0 pages costs 2 MB of tiers, not 48 MB.
+  SlotMap slots;
+  uint64_t last_acked = 0;    // last plan acknowledged (applied or refused)
+  uint64_t last_applied = 0;  // last plan applied
   uint64_t next_version = 1;
   std::optional<PendingPlan> pending;
   bool closed = false;           // freed by the registry; a snapshot in progress gives up
@@ -116,6 +133,10 @@ struct SequenceRec {
   // without the core's mu_. Only SubmitSnapshot takes it. Lock order: plan_mu, then mu_ (under
   // mu_ it is only ever tried, never waited for). Every field above is guarded by the core's mu_.
   absl::Mutex plan_mu;
+
+  // Snapshot entries (layer groups x pages) the record holds: what limits.max_worker_entries and
+  // limits.max_node_entries count.
+  uint64_t entries() const { return placement.tiers.size(); }
 };
 
 // Holds a SequenceRec::plan_mu taken by TryLock or Lock; releases it on destruction.
@@ -146,12 +167,20 @@ struct CoreHooks {
   // Called with no lock held while a snapshot's policy decision runs (after the snapshot was
   // validated, before its slots are granted), with the sequence id.
   std::function<void(uint64_t sequence_id)> during_decision;
+  // Called with mu_ held while a snapshot is prepared (validated, before its record grows), with
+  // the sequence id: what must not wait for a snapshot's work under mu_ (heartbeats) is tested
+  // against it.
+  std::function<void(uint64_t sequence_id)> holding_core_lock;
 };
 
 // Thread-safe. One mutex (mu_) guards the registry, the pools and every record; each sequence's
 // plan_mu serializes its snapshots, whose policy decision is computed with mu_ released, so that
-// heartbeats, acks, status and other sequences' snapshots never wait for a decision. Lock order:
-// SequenceRec::plan_mu, then mu_ (pools have no locks).
+// acks, status and other sequences' snapshots never wait for a decision. Leases have a lock of
+// their own (lease_mu_, held for a map lookup and a few stores): a heartbeat takes only it, so
+// it never waits for a snapshot's validation, growth or grants under mu_. Lock order:
+// SequenceRec::plan_mu, then mu_, then lease_mu_ (pools have no locks). The reaper decides
+// expiry and removes the lease under lease_mu_ in one go, so a heartbeat either renews a lease
+// before that (and the reaper sees it renewed) or finds it gone ("register again").
 class DaemonCoreImpl final : public DaemonCore {
  public:
   DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics* metrics, uint64_t epoch,
@@ -191,10 +220,10 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterLocked(const v1::RegisterWorkerRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `channel_peer`: the kernel's word on a heartbeat that came over the memory channel (its uid
-  // must be the worker's); null for the RPC.
-  absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(
-      const v1::HeartbeatRequest& r, const edge::PeerCredentials* channel_peer = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // must be the worker's); null for the RPC. Takes lease_mu_ only.
+  absl::StatusOr<v1::HeartbeatResponse> RenewLease(const v1::HeartbeatRequest& r,
+                                                   const edge::PeerCredentials* channel_peer)
+      ABSL_LOCKS_EXCLUDED(mu_, lease_mu_);
   absl::StatusOr<v1::OpenSequenceResponse> OpenLocked(const v1::OpenSequenceRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SubmitSnapshot's phases (daemon_snapshot.cc). `prep` carries what the unlocked phase needs.
@@ -205,8 +234,8 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::StatusOr<v1::TierPlan> Snapshot(const v1::SubmitSnapshotRequest& r,
                                         const edge::PeerCredentials* channel_peer);
   // Authenticates (as the worker's uid, over the channel), settles a carried ack, answers a
-  // replay, validates and grows the record: fills `prep` (or `replay`, the plan in flight, for
-  // the same snapshot again).
+  // replay, checks the versions and copies the record: fills `prep` (or `replay`, the plan in
+  // flight, for the same snapshot again). The O(entries) validation runs after, without mu_.
   absl::Status PrepareLocked(const v1::SubmitSnapshotRequest& r,
                              const edge::PeerCredentials* channel_peer, uint64_t fingerprint,
                              SequenceRec& s, Prepared& prep,
@@ -225,8 +254,8 @@ class DaemonCoreImpl final : public DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ordered moves, figures and the wire plan. RESOURCE_EXHAUSTED when the plan would exceed the
   // message limit (then nothing is recorded).
-  absl::Status BuildPlanLocked(const WorkerRec& w, const SequenceRec& s,
-                               const std::vector<Slot>& dst, Prepared& prep, v1::TierPlan& plan)
+  absl::Status BuildPlanLocked(const WorkerRec& w, const SequenceRec& s, const SlotMap& dst,
+                               Prepared& prep, v1::TierPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountPlan(const Prepared& prep) const;  // metrics_ must be set
   // What the prefetch schedule of a plan whose target is `target` may use (daemon_schedule.cc),
@@ -243,8 +272,9 @@ class DaemonCoreImpl final : public DaemonCore {
   ScheduleFigures ScheduleLocked(const WorkerRec& w, const SequenceRec& s,
                                  const tiering::Placement& target) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A registering worker's link, checked against the workers already on it.
-  absl::StatusOr<LinkDecl> ValidateLinkLocked(const v1::RegisterWorkerRequest& r) const
+  // Scopes a registering worker's validated link (ScopeLink: the operator's [links] table, else
+  // the worker's uid) and checks it against the workers already in that scope.
+  absl::Status ScopeLinkLocked(uint32_t uid, LinkDecl& link) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::AckPlanResponse> AckLocked(const v1::AckPlanRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -282,7 +312,14 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::StatusOr<std::shared_ptr<SequenceRec>> FindSequenceLocked(const WorkerRec& w,
                                                                   uint64_t sequence_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool ExpiredLocked(const WorkerRec& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether worker `id`'s lease is gone or older than the TTL (by the injected clock).
+  bool LeaseExpiredLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_);
+  // The worker's reported step time (0 = none); 0 for a worker without a lease.
+  double StepSecondsLocked(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu_);
+  // Refuses a snapshot whose growth would take worker `w` or the node past its budget of held
+  // snapshot entries (RESOURCE_EXHAUSTED naming the limit, the value and the ceiling).
+  absl::Status CheckEntryBudgetLocked(const WorkerRec& w, const SequenceRec& s,
+                                      uint64_t entries) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees every slot of a sequence (committed and pending) and forgets it. Returns slots freed.
   uint64_t FreeSequenceLocked(WorkerRec& w, uint64_t sequence_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -297,24 +334,20 @@ class DaemonCoreImpl final : public DaemonCore {
   // current tier). dst[i] receives each granted slot.
   Shortage GrantLocked(WorkerRec& w, const PolicySpec& policy, const tiering::Placement& current,
                        absl::Span<const uint32_t> need, bool count_failures,
-                       tiering::Placement& target, std::vector<Slot>& dst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                       tiering::Placement& target, SlotMap& dst) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grants destination slots for every page `target` moves into a pool (indexed like the
   // placement), degrading `target` where short; `shortage` says what was short.
-  std::vector<Slot> GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
-                                            absl::Span<const float> scores,
-                                            tiering::Placement& target, Shortage* shortage)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SlotMap GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
+                                  absl::Span<const float> scores, tiering::Placement& target,
+                                  Shortage* shortage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(WorkerRec& w, Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static int PoolOf(const Slot& slot) { return slot.allocator()->tag(); }
 
-  // Records pages the snapshot reports evicted (T3) that the record still places elsewhere: the
-  // worker evicted them while the daemon was out of reach. Their slots are freed.
-  void AdoptWorkerEvictionsLocked(WorkerRec& w, SequenceRec& s, const std::string& tiers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Grows the acknowledged placement to `num_pages` (new pages in T0).
-  void GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the entries of `prep`'s grown placement (CheckEntryBudgetLocked) and adopts it into
+  // the record: pages it has evicted (the worker evicted them while the daemon was out of
+  // reach) give their slots back, the rest keep them under their new index. NOT_FOUND when the
+  // sequence was freed meanwhile.
+  absl::Status AdoptLocked(SequenceRec& s, const Prepared& prep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetFiguresLocked(SequenceRec& s, const PlacementFigures& f)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CommitLocked(WorkerRec& w, SequenceRec& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -360,6 +393,17 @@ class DaemonCoreImpl final : public DaemonCore {
   std::array<uint64_t, tiering::kNumTiers> total_tokens_ ABSL_GUARDED_BY(mu_){};
   uint64_t total_full_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t total_t0_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t total_entries_ ABSL_GUARDED_BY(mu_) = 0;  // sum of WorkerRec::entries
+
+  // Leases, apart from the registry (see the class comment). Priority inheritance: the heartbeat
+  // lane's real-time thread takes it.
+  mutable PiMutex lease_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(lease_mu_);
+  // Copies of options_' lease settings (Reload writes both under both locks).
+  absl::Duration lease_ttl_ ABSL_GUARDED_BY(lease_mu_);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(lease_mu_);
+  // Worker ids below this were issued by this daemon (a heartbeat's "expired" vs "unknown").
+  uint64_t issued_below_ ABSL_GUARDED_BY(lease_mu_) = 0;
 };
 
 }  // namespace kvtier::daemon::internal

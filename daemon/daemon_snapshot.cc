@@ -24,9 +24,8 @@ absl::Status Closed(uint64_t sequence_id) {
       absl::StrCat("sequence_id ", sequence_id, " was closed while its snapshot was decided"));
 }
 
-// Checks a snapshot against the geometry and the acknowledged record. Changes nothing.
-absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& geo,
-                              uint64_t max_entries, const v1::SubmitSnapshotRequest& r) {
+// Checks a snapshot against the record's versions and length: O(1), under the core's lock.
+absl::Status CheckAgainstRecord(const SequenceRec& s, const v1::SubmitSnapshotRequest& r) {
   if (s.pending.has_value()) {
     return Precondition(absl::StrCat("sequence_id ", s.id, ": plan ", s.pending->version,
                                      " is not acknowledged yet (one plan in flight)"));
@@ -43,6 +42,13 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
     return absl::InvalidArgumentError(absl::StrCat(
         "length ", r.length(), " must be >= prompt_tokens (", s.prompt_tokens, ") and > 0"));
   }
+  return absl::OkStatus();
+}
+
+// Checks a snapshot's shape, scores and tiers against the geometry and `acked`, a copy of the
+// acknowledged placement: O(entries), so it runs without the core's lock. Changes nothing.
+absl::Status ValidateSnapshot(const Placement& acked, const layout::KvGeometry& geo,
+                              uint64_t max_entries, const v1::SubmitSnapshotRequest& r) {
   if (r.length() > max_entries * geo.page_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("length ", r.length(), " exceeds ",
                                                    max_entries * geo.page_tokens,
@@ -76,7 +82,7 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
     }
   }
   const std::string& tiers = r.current_tiers();
-  const uint32_t old_pages = s.placement.num_pages;
+  const uint32_t old_pages = acked.num_pages;
   for (uint32_t g = 0; g < geo.layer_groups; ++g) {
     for (uint64_t p = 0; p < pages; ++p) {
       const uint64_t i = g * pages + p;
@@ -85,7 +91,7 @@ absl::Status ValidateSnapshot(const SequenceRec& s, const layout::KvGeometry& ge
         return absl::InvalidArgumentError(
             absl::StrCat("current_tiers[", i, "] is ", int{t}, ", not a tier (0..3)"));
       }
-      const Tier expected = p < old_pages ? s.placement.at(g, static_cast<uint32_t>(p)) : Tier::kT0;
+      const Tier expected = p < old_pages ? acked.at(g, static_cast<uint32_t>(p)) : Tier::kT0;
       // A page the worker evicted on its own while the daemon was out of reach (DESIGN.md §3:
       // the same policy, no new offloads), or before the sequence re-opened under a new session,
       // is adopted: the evicted set only grows.
@@ -170,9 +176,9 @@ std::string DegradedReason(const Shortage& shortage,
 
 }  // namespace
 
-std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
-                                                          absl::Span<const float> scores,
-                                                          Placement& target, Shortage* shortage) {
+SlotMap DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
+                                                absl::Span<const float> scores, Placement& target,
+                                                Shortage* shortage) {
   // Page order first; if anything was short, again by ascending score, so that the pages left
   // in T0 are the best-scoring ones.
   const Placement& current = s.placement;
@@ -180,11 +186,12 @@ std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const Se
   for (uint32_t i = 0; i < target.tiers.size(); ++i) {
     if (target.tiers[i] != current.tiers[i] && InPool(target.tiers[i])) need.push_back(i);
   }
-  std::vector<Slot> dst(target.tiers.size());
+  SlotMap dst;
   const Placement wanted = target;
   *shortage = GrantLocked(w, s.policy, current, need, /*count_failures=*/false, target, dst);
   if (shortage->total() > 0) {
-    for (uint32_t i : need) ReleaseLocked(w, dst[i]);
+    for (auto& [i, slot] : dst) ReleaseLocked(w, slot);
+    dst.clear();
     target = wanted;
     std::sort(need.begin(), need.end(), [&](uint32_t a, uint32_t b) {
       return scores[a] != scores[b] ? scores[a] < scores[b] : a < b;
@@ -194,36 +201,29 @@ std::vector<Slot> DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const Se
   return dst;
 }
 
-void DaemonCoreImpl::AdoptWorkerEvictionsLocked(WorkerRec& w, SequenceRec& s,
-                                                const std::string& tiers) {
-  // Called after GrowLocked: the record and `tiers` have the same shape.
-  for (size_t i = 0; i < tiers.size(); ++i) {
-    if (static_cast<Tier>(tiers[i]) != Tier::kT3 || s.placement.tiers[i] == Tier::kT3) continue;
-    ReleaseLocked(w, s.slots[i]);
-    s.placement.tiers[i] = Tier::kT3;
+namespace {
+
+// `acked` grown to `num_pages` (new pages in T0), with the pages `tiers` (the snapshot's, of the
+// grown shape) reports evicted (T3) evicted: the worker evicted them while the daemon was out of
+// reach. Pure: runs without the core's lock.
+Placement Grown(const Placement& acked, uint32_t num_pages, const std::string& tiers) {
+  const uint32_t groups = acked.num_groups, old = acked.num_pages;
+  Placement grown{groups, num_pages, std::vector<Tier>(size_t{groups} * num_pages, Tier::kT0)};
+  for (uint32_t g = 0; g < groups; ++g) {
+    std::copy_n(acked.tiers.begin() + size_t{g} * old, old,
+                grown.tiers.begin() + size_t{g} * num_pages);
   }
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    if (static_cast<Tier>(tiers[i]) == Tier::kT3) grown.tiers[i] = Tier::kT3;
+  }
+  return grown;
 }
 
-void DaemonCoreImpl::GrowLocked(SequenceRec& s, uint64_t length, uint32_t num_pages) {
-  s.length = length;
-  if (num_pages == s.placement.num_pages) return;
-  const uint32_t groups = s.placement.num_groups, old = s.placement.num_pages;
-  Placement grown{groups, num_pages, std::vector<Tier>(size_t{groups} * num_pages, Tier::kT0)};
-  std::vector<Slot> slots(size_t{groups} * num_pages);
-  for (uint32_t g = 0; g < groups; ++g) {
-    for (uint32_t p = 0; p < old; ++p) {
-      grown.at(g, p) = s.placement.at(g, p);
-      slots[size_t{g} * num_pages + p] = std::move(s.slots[size_t{g} * old + p]);
-    }
-  }
-  s.placement = std::move(grown);
-  s.slots = std::move(slots);
-}
+}  // namespace
 
 Shortage DaemonCoreImpl::GrantLocked(WorkerRec& w, const PolicySpec& policy,
                                      const Placement& current, absl::Span<const uint32_t> need,
-                                     bool count_failures, Placement& target,
-                                     std::vector<Slot>& dst) {
+                                     bool count_failures, Placement& target, SlotMap& dst) {
   Shortage shortage;
   for (uint32_t i : need) {
     const Tier from = current.tiers[i];
@@ -242,7 +242,7 @@ Shortage DaemonCoreImpl::GrantLocked(WorkerRec& w, const PolicySpec& policy,
       // Without a slot the page stays where it is (T0, or its current pool).
       target.tiers[i] = slot.has_value() ? alt : from;
     }
-    if (slot.has_value()) dst[i] = std::move(*slot);
+    if (slot.has_value()) dst[i] = std::move(*slot);  // pooled destinations only
   }
   return shortage;
 }
@@ -257,15 +257,42 @@ struct DaemonCoreImpl::Prepared {
   layout::KvGeometry geometry;
   std::array<uint64_t, 2> page_bytes{};
   uint64_t prompt_tokens = 0, length = 0;
-  Placement current;  // the acknowledged placement, grown to the snapshot
-  Decision decision;  // decision.target: degraded in place by the grant
+  Placement current;  // the acknowledged placement, grown to the snapshot (by the unlocked phase)
+  PlacementFigures current_figures;  // of `current`
+  Decision decision;                 // decision.target: degraded in place by the grant
   Shortage shortage;
   absl::Span<const float> scores;  // the request's
+  uint64_t max_entries = 0;        // limits.max_snapshot_entries
   uint64_t max_plan_bytes = 0;
   std::vector<tiering::Move> moves;
   PlacementFigures figures;                 // of the target
   std::optional<ScheduleFigures> schedule;  // the worker declared a link
 };
+
+absl::Status DaemonCoreImpl::AdoptLocked(SequenceRec& s, const Prepared& prep) {
+  if (s.closed) return Closed(s.id);
+  WorkerRec& w = workers_.at(s.worker_id);  // an open sequence's worker is registered
+  RETURN_IF_ERROR(CheckEntryBudgetLocked(w, s, prep.current.tiers.size()));
+  // plan_mu was held since the copy and no plan is in flight, so the record is as copied.
+  const uint32_t old = s.placement.num_pages, num_pages = prep.current.num_pages;
+  SlotMap slots;
+  slots.reserve(s.slots.size());
+  for (auto& [i, slot] : s.slots) {
+    const uint32_t at = old == num_pages ? i : i / old * num_pages + i % old;
+    if (prep.current.tiers[at] == Tier::kT3) {  // adopted: the worker evicted it
+      ReleaseLocked(w, slot);
+    } else {
+      slots.emplace(at, std::move(slot));
+    }
+  }
+  s.slots = std::move(slots);
+  w.entries += prep.current.tiers.size() - s.entries();
+  total_entries_ += prep.current.tiers.size() - s.entries();
+  s.placement = prep.current;
+  s.length = prep.length;
+  SetFiguresLocked(s, prep.current_figures);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::SubmitSnapshot(
     const v1::SubmitSnapshotRequest& request) {
@@ -291,12 +318,13 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::TimedSnapshot(
   return Count(Metrics::Rpc::kSubmitSnapshot, std::move(plan));
 }
 
-// Three phases, two under mu_: (1) authenticate, settle a carried ack, answer a replay,
-// validate, grow, copy what the policy needs; (2, no lock) the policy decision; (3) grant
-// destinations, order the moves, build the wire plan and record it in flight (new extents are
-// made before it, without the lock). The sequence's plan_mu is held from (1) to the end, so
-// between (1) and (3) its record changes only by being freed (an ack needs a plan in flight,
-// and there is none until (3)), which (3) notices.
+// Phases, three under mu_: (1) authenticate, settle a carried ack, answer a replay, check the
+// versions, copy the record; (no lock) validate the snapshot against the copy, grow it, take its
+// figures; (2) take the budget of entries and adopt the grown placement into the record; (no
+// lock) the policy decision; (3) grant destinations, order the moves, build the wire plan and
+// record it in flight (new extents are made before it, without the lock). The sequence's
+// plan_mu is held from (1) to the end, so between (1) and (3) its record changes only by being
+// freed (an ack needs a plan in flight, and there is none until (3)), which (2) and (3) notice.
 absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRequest& r,
                                                       const edge::PeerCredentials* channel_peer) {
   const uint64_t fingerprint = Fingerprint(r);
@@ -323,6 +351,16 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   }
   if (replay != nullptr) return *replay;  // the same snapshot again: its reply was lost
 
+  // Validation, growth and figures: O(entries), on the copy, without mu_ (heartbeats never took
+  // it; acks, status and other sequences' snapshots need not wait for this either).
+  RETURN_IF_ERROR(ValidateSnapshot(prep.current, prep.geometry, prep.max_entries, r));
+  prep.current = Grown(prep.current, r.num_pages(), r.current_tiers());
+  prep.current_figures =
+      ComputeFigures(prep.geometry, prep.current, prep.prompt_tokens, prep.length);
+  {
+    PiMutexLock lock(&mu_);
+    RETURN_IF_ERROR(AdoptLocked(*seq, prep));
+  }
   prep.scores = absl::Span<const float>(r.page_scores().data(), r.page_scores_size());
   if (hooks_.during_decision) hooks_.during_decision(prep.sequence_id);
   ASSIGN_OR_RETURN(prep.decision, DecidePlacement(prep.policy, prep.prompt_tokens, prep.length,
@@ -385,10 +423,9 @@ absl::Status DaemonCoreImpl::PrepareLocked(const v1::SubmitSnapshotRequest& r,
     if (metrics_ != nullptr) metrics_->CountAbandonedPlan();
     UpdateGaugesLocked();
   }
-  RETURN_IF_ERROR(ValidateSnapshot(s, w->geometry, options_.max_snapshot_entries, r));
-  GrowLocked(s, r.length(), r.num_pages());
-  AdoptWorkerEvictionsLocked(*w, s, r.current_tiers());
-  SetFiguresLocked(s, ComputeFigures(w->geometry, s.placement, s.prompt_tokens, s.length));
+  RETURN_IF_ERROR(CheckAgainstRecord(s, r));
+  if (hooks_.holding_core_lock) hooks_.holding_core_lock(s.id);
+  // What the unlocked phase validates, grows and measures (a copy: the record is not read there).
   prep.sequence_id = s.id;
   prep.version = s.next_version;
   prep.fingerprint = fingerprint;
@@ -396,9 +433,31 @@ absl::Status DaemonCoreImpl::PrepareLocked(const v1::SubmitSnapshotRequest& r,
   prep.geometry = w->geometry;
   prep.page_bytes = w->page_bytes;
   prep.prompt_tokens = s.prompt_tokens;
-  prep.length = s.length;
+  prep.length = r.length();
   prep.current = s.placement;
+  prep.max_entries = options_.max_snapshot_entries;
   prep.max_plan_bytes = edge::MaxPlanBytes(options_.max_snapshot_entries);
+  return absl::OkStatus();
+}
+
+absl::Status DaemonCoreImpl::CheckEntryBudgetLocked(const WorkerRec& w, const SequenceRec& s,
+                                                    uint64_t entries) const {
+  if (entries <= s.entries()) return absl::OkStatus();
+  const uint64_t growth = entries - s.entries();
+  auto refuse = [&](absl::string_view whose, uint64_t held, absl::string_view limit, uint64_t max) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "snapshot of ", entries, " entries (layer_groups x num_pages) for sequence_id ", s.id, ": ",
+        whose, " would hold ", held + growth, " snapshot entries, over ", limit, " (", max,
+        "); close sequences first"));
+  };
+  if (w.entries + growth > options_.max_worker_entries) {
+    return refuse(absl::StrCat("worker_id ", w.id, "'s sequences"), w.entries,
+                  "limits.max_worker_entries", options_.max_worker_entries);
+  }
+  if (total_entries_ + growth > options_.max_node_entries) {
+    return refuse("the node's sequences", total_entries_, "limits.max_node_entries",
+                  options_.max_node_entries);
+  }
   return absl::OkStatus();
 }
 
@@ -448,11 +507,11 @@ absl::StatusOr<std::shared_ptr<v1::TierPlan>> DaemonCoreImpl::PlanLocked(Sequenc
   if (s.closed) return Closed(s.id);
   WorkerRec& w = workers_.at(s.worker_id);  // an open sequence's worker is registered
   Placement& target = prep.decision.target;
-  std::vector<Slot> dst = GrantDestinationsLocked(w, s, prep.scores, target, &prep.shortage);
+  SlotMap dst = GrantDestinationsLocked(w, s, prep.scores, target, &prep.shortage);
   auto plan = std::make_shared<v1::TierPlan>();
   absl::Status built = BuildPlanLocked(w, s, dst, prep, *plan);
   if (!built.ok()) {
-    for (Slot& slot : dst) ReleaseLocked(w, slot);
+    for (auto& [i, slot] : dst) ReleaseLocked(w, slot);
     UpdateGaugesLocked();
     return built;
   }
@@ -460,8 +519,8 @@ absl::StatusOr<std::shared_ptr<v1::TierPlan>> DaemonCoreImpl::PlanLocked(Sequenc
   pending.version = prep.version;
   pending.moves.reserve(prep.moves.size());
   for (const tiering::Move& m : prep.moves) {
-    const size_t i = size_t{m.group} * s.placement.num_pages + m.page;
-    pending.moves.push_back({m, std::move(dst[i])});
+    auto it = dst.find(m.group * s.placement.num_pages + m.page);
+    pending.moves.push_back({m, it != dst.end() ? std::move(it->second) : Slot()});
   }
   pending.figures = prep.figures;
   if (prep.schedule.has_value()) {
@@ -478,7 +537,7 @@ absl::StatusOr<std::shared_ptr<v1::TierPlan>> DaemonCoreImpl::PlanLocked(Sequenc
 }
 
 absl::Status DaemonCoreImpl::BuildPlanLocked(const WorkerRec& w, const SequenceRec& s,
-                                             const std::vector<Slot>& dst, Prepared& prep,
+                                             const SlotMap& dst, Prepared& prep,
                                              v1::TierPlan& plan) {
   const Placement& current = s.placement;
   const Placement& target = prep.decision.target;
@@ -496,14 +555,18 @@ absl::Status DaemonCoreImpl::BuildPlanLocked(const WorkerRec& w, const SequenceR
   plan.mutable_move_src_slot()->Reserve(n);
   std::string* from_bytes = plan.mutable_move_from();
   std::string* to_bytes = plan.mutable_move_to();
+  auto offset = [](const SlotMap& slots, uint32_t i) -> uint64_t {
+    auto it = slots.find(i);
+    return it != slots.end() && it->second.valid() ? it->second.offset() : 0;
+  };
   for (const tiering::Move& m : prep.moves) {
-    const size_t i = size_t{m.group} * current.num_pages + m.page;
+    const uint32_t i = m.group * current.num_pages + m.page;
     plan.add_move_group(m.group);
     plan.add_move_page(m.page);
     from_bytes->push_back(static_cast<char>(m.from));
     to_bytes->push_back(static_cast<char>(m.to));
-    plan.add_move_dst_slot(dst[i].valid() ? dst[i].offset() : 0);
-    plan.add_move_src_slot(s.slots[i].valid() ? s.slots[i].offset() : 0);
+    plan.add_move_dst_slot(offset(dst, i));
+    plan.add_move_src_slot(offset(s.slots, i));
   }
   if (prep.shortage.total() > 0) {
     plan.set_degraded(true);
@@ -581,9 +644,12 @@ absl::Status DaemonCoreImpl::AcknowledgeLocked(WorkerRec& w, SequenceRec& s, uin
 void DaemonCoreImpl::CommitLocked(WorkerRec& w, SequenceRec& s) {
   uint64_t newly_evicted = 0;
   for (PendingMove& m : s.pending->moves) {
-    const size_t i = size_t{m.move.group} * s.placement.num_pages + m.move.page;
-    ReleaseLocked(w, s.slots[i]);  // the source copy is no longer needed
-    s.slots[i] = std::move(m.dst);
+    const uint32_t i = m.move.group * s.placement.num_pages + m.move.page;
+    if (auto it = s.slots.find(i); it != s.slots.end()) {
+      ReleaseLocked(w, it->second);  // the source copy is no longer needed
+      s.slots.erase(it);
+    }
+    if (m.dst.valid()) s.slots.emplace(i, std::move(m.dst));
     s.placement.tiers[i] = m.move.to;
   }
   newly_evicted =
@@ -602,28 +668,33 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
   std::array<uint64_t, 2> extents{};
   std::array<uint64_t, tiering::kNumTiers> tokens{};
   uint64_t full = 0, t0 = 0;
+  uint64_t node_entries = 0;
   for (const auto& [wid, w] : workers_) {
     std::array<uint64_t, 2> held{};
-    uint64_t scheduled = 0;
+    uint64_t scheduled = 0, entries = 0;
     for (uint64_t sid : w.sequences) {
       auto it = sequences_.find(sid);
       if (it == sequences_.end() || it->second->worker_id != wid) {
         return absl::InternalError(absl::StrCat("worker ", wid, " lists sequence ", sid));
       }
       const SequenceRec& s = *it->second;
-      if (s.slots.size() != s.placement.tiers.size()) return absl::InternalError("slots shape");
-      for (size_t i = 0; i < s.slots.size(); ++i) {
+      size_t pooled_pages = 0;
+      for (size_t i = 0; i < s.placement.tiers.size(); ++i) {
         const bool pooled = InPool(s.placement.tiers[i]);
-        if (pooled != s.slots[i].valid()) {
+        auto it = s.slots.find(static_cast<uint32_t>(i));
+        if (pooled != (it != s.slots.end() && it->second.valid())) {
           return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " slot/tier"));
         }
         if (pooled) {
-          if (PoolOf(s.slots[i]) != PoolIndex(s.placement.tiers[i])) {
+          ++pooled_pages;
+          if (PoolOf(it->second) != PoolIndex(s.placement.tiers[i])) {
             return absl::InternalError(absl::StrCat("sequence ", sid, " page ", i, " wrong pool"));
           }
-          held[PoolOf(s.slots[i])] += s.slots[i].bytes();
+          held[PoolOf(it->second)] += it->second.bytes();
         }
       }
+      if (pooled_pages != s.slots.size()) return absl::InternalError("slots of unpooled pages");
+      entries += s.entries();
       if (s.pending.has_value()) {
         for (const PendingMove& m : s.pending->moves) {
           if (InPool(m.move.to) != m.dst.valid()) return absl::InternalError("pending dst");
@@ -640,6 +711,11 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
                                               held[1], ", recorded ", w.pool_bytes[0], "/",
                                               w.pool_bytes[1]));
     }
+    if (entries != w.entries) {
+      return absl::InternalError(
+          absl::StrCat("worker ", wid, " holds ", entries, " entries, recorded ", w.entries));
+    }
+    node_entries += entries;
     if (scheduled != w.scheduled_bytes) {
       return absl::InternalError(absl::StrCat("worker ", wid, " schedules ", w.scheduled_bytes,
                                               " bytes, its sequences ", scheduled));
@@ -665,6 +741,7 @@ absl::Status DaemonCoreImpl::CheckInvariants() const {
                                               " but workers hold ", extents[i], " extents"));
     }
   }
+  if (node_entries != total_entries_) return absl::InternalError("entry totals drifted");
   if (tokens != total_tokens_ || full != total_full_bytes_ || t0 != total_t0_bytes_) {
     return absl::InternalError("figure totals drifted");
   }

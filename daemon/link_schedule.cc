@@ -62,12 +62,13 @@ absl::Status ValidateStepSeconds(double step_seconds) {
   return absl::OkStatus();
 }
 
-absl::Status CheckSameLink(const LinkDecl& joining, const LinkDecl& present, uint64_t present_id) {
+absl::Status CheckSameLink(const LinkDecl& joining, const LinkDecl& present) {
   if (joining.numa_node == present.numa_node) return absl::OkStatus();
-  return Invalid(
-      "link.numa_node",
-      absl::StrCat(joining.numa_node, " differs from worker ", present_id, "'s ", present.numa_node,
-                   " on link_id \"", joining.id, "\": one link hangs off one NUMA node"));
+  return Invalid("link.numa_node",
+                 absl::StrCat(joining.numa_node, " differs from NUMA node ", present.numa_node,
+                              " that this uid's workers declared on link_id \"", joining.id,
+                              "\": one link hangs off one NUMA node (an operator's [links] entry "
+                              "for it overrides declarations)"));
 }
 
 double LinkGrant(absl::Span<const LinkMember> members, size_t self) {

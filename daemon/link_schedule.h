@@ -28,6 +28,12 @@ struct LinkDecl {
   double bytes_per_second = 0;
   uint32_t numa_node = 0;
   uint64_t staging_bytes = 0;
+  // Set by the daemon, not the worker: the workers whose scopes are equal share one link ("" =
+  // none), and what that link carries. A link of the operator's table ([links]) is one scope
+  // with the table's bandwidth and NUMA node; any other link_id is scoped to the declaring uid,
+  // so that no tenant's declaration refuses or throttles another's workers.
+  std::string scope;
+  double capacity = 0;
   bool declared() const { return bytes_per_second > 0; }
 };
 
@@ -37,9 +43,26 @@ struct LinkDecl {
 absl::StatusOr<LinkDecl> ValidateLink(const v1::RegisterWorkerRequest& r);
 // A heartbeat's step_seconds: finite and in [0, kMaxStepSeconds].
 absl::Status ValidateStepSeconds(double step_seconds);
-// Two workers on one link_id must agree on its NUMA node (a PCIe switch hangs off one root
-// complex): INVALID_ARGUMENT naming both otherwise.
-absl::Status CheckSameLink(const LinkDecl& joining, const LinkDecl& present, uint64_t present_id);
+// Two workers of one uid on one link_id must agree on its NUMA node (a PCIe switch hangs off one
+// root complex): INVALID_ARGUMENT naming the field, both figures and the link otherwise (never
+// the other worker: its id is no business of the joining one's).
+absl::Status CheckSameLink(const LinkDecl& joining, const LinkDecl& present);
+// Scopes a validated declaration of a worker of `uid` (LinkDecl::scope, capacity): an entry of
+// the operator's `table` with its link_id sets the link's bandwidth and NUMA node whatever was
+// declared; otherwise the link is this uid's alone.
+template <typename Table>
+void ScopeLink(const Table& table, uint32_t uid, LinkDecl& link) {
+  if (!link.declared() || link.id.empty()) return;
+  for (const auto& entry : table) {
+    if (entry.id != link.id) continue;
+    link.scope = "operator:" + link.id;
+    link.capacity = entry.bytes_per_second;
+    link.numa_node = entry.numa_node;
+    return;
+  }
+  link.scope = "uid " + std::to_string(uid) + ":" + link.id;
+  link.capacity = link.bytes_per_second;
+}
 
 // One worker behind a link, as the grant sees it.
 struct LinkMember {

@@ -22,10 +22,11 @@ constexpr std::array<absl::string_view, kNumMoveKinds> kMoveKindNames = {
     "offload", "compress", "promote", "decompress", "evict"};
 constexpr std::array<absl::string_view, 3> kDegradeNames = {"ddr_full", "compressed_full", "quota"};
 constexpr std::array<absl::string_view, 2> kAllocFailureNames = {"pool_full", "quota"};
-constexpr std::array<absl::string_view, 10> kDropNames = {
-    "grpc_unread",      "heartbeat_unread",    "heartbeat_too_fast", "heartbeat_refused",
-    "heartbeat_misuse", "heartbeat_lane_full", "snapshot_unread",    "snapshot_refused",
-    "snapshot_misuse",  "snapshot_lane_full"};
+constexpr std::array<absl::string_view, 14> kDropNames = {
+    "grpc_unread",      "heartbeat_unread",    "heartbeat_too_fast",  "heartbeat_refused",
+    "heartbeat_misuse", "heartbeat_lane_full", "snapshot_unread",     "snapshot_refused",
+    "snapshot_misuse",  "snapshot_lane_full",  "channel_descriptors", "channel_deadline",
+    "channel_uid_full", "channel_full"};
 static_assert(kDropNames.size() == static_cast<size_t>(Metrics::ConnectionDrop::kCount));
 // Canonical codes 0..16.
 constexpr int kNumCodes = 17;
@@ -68,6 +69,10 @@ struct Metrics::Families {
   std::array<prometheus::Counter*, kDropNames.size()> dropped{};
   std::array<prometheus::Gauge*, 2> lane_connections{};
   std::array<prometheus::Gauge*, 2> lane_realtime{};
+  prometheus::Gauge* channel_connections = nullptr;
+  prometheus::Gauge* channel_accept_paused = nullptr;
+  prometheus::Gauge* sink_backlog = nullptr;
+  prometheus::Gauge* sink_stalled = nullptr;
 };
 
 Metrics::Metrics()
@@ -182,6 +187,19 @@ std::unique_ptr<Metrics> Metrics::Create() {
                absl::StrCat("1 while the ", name, " lane's thread runs at SCHED_FIFO.").c_str())
              .Add({});
   }
+  f.channel_connections =
+      &gauge("kvtier_channel_connections", "Memory channel connections waiting for an answer.")
+           .Add({});
+  f.channel_accept_paused = &gauge("kvtier_channel_accept_paused",
+                                   "1 while the memory channel backs off accept() (descriptors "
+                                   "or memory short).")
+                                 .Add({});
+  f.sink_backlog = &gauge("kvtier_channel_sink_backlog",
+                          "Descriptors from peers waiting to be closed off the serving threads.")
+                        .Add({});
+  f.sink_stalled = &gauge("kvtier_channel_sink_stalled_seconds",
+                          "How long the descriptor sink's close under way has blocked (0 = idle).")
+                        .Add({});
   return m;
 }
 
@@ -261,6 +279,19 @@ void Metrics::SetLaneConnections(Lane lane, uint64_t kept) {
 
 void Metrics::SetLaneRealtime(Lane lane, bool realtime) {
   f_->lane_realtime[static_cast<int>(lane)]->Set(realtime ? 1 : 0);
+}
+
+void Metrics::SetChannelConnections(uint64_t waiting) {
+  f_->channel_connections->Set(static_cast<double>(waiting));
+}
+
+void Metrics::SetChannelAcceptPaused(bool paused) {
+  f_->channel_accept_paused->Set(paused ? 1 : 0);
+}
+
+void Metrics::SetDescriptorSink(uint64_t backlog, double stalled_seconds) {
+  f_->sink_backlog->Set(static_cast<double>(backlog));
+  f_->sink_stalled->Set(stalled_seconds);
 }
 
 }  // namespace kvtier::daemon

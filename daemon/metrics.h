@@ -100,6 +100,10 @@ class Metrics {
     kSnapshotRefused,
     kSnapshotMisuse,
     kSnapshotLaneFull,
+    kChannelDescriptors,  // the memory channel: a request came with descriptors attached
+    kChannelDeadline,     // no whole request within the deadline
+    kChannelUidFull,      // past the per-uid budget of connections
+    kChannelFull,         // past the channel's cap of connections
     kCount
   };
   // The memory channel's lanes (daemon/kvtierd/channel_lane.h).
@@ -131,6 +135,12 @@ class Metrics {
   void CountDroppedConnection(ConnectionDrop reason);
   void SetLaneConnections(Lane lane, uint64_t kept);
   void SetLaneRealtime(Lane lane, bool realtime);
+  // The memory channel's server (daemon/kvtierd/channel_server.h): connections waiting for an
+  // answer, whether accept() is paused (out of descriptors), and its descriptor sink's backlog
+  // and how long the close under way has blocked (0 = idle; a health figure).
+  void SetChannelConnections(uint64_t waiting);
+  void SetChannelAcceptPaused(bool paused);
+  void SetDescriptorSink(uint64_t backlog, double stalled_seconds);
 
  private:
   Metrics();

@@ -3,10 +3,11 @@
 
 // A mutex with priority inheritance (PTHREAD_PRIO_INHERIT): while a real-time thread waits for
 // it, the holder runs at that thread's priority. kvtierd's heartbeat lane runs at SCHED_FIFO and
-// takes the core's lock for a moment per heartbeat; the holder is often a snapshot on an ordinary
-// thread, which on a host full of busy workers may wait a whole scheduler slice (a millisecond
-// and more) for a CPU while it holds the lock, and the heartbeat with it (priority inversion).
-// Uncontended, it costs what any mutex does (an atomic in user space).
+// takes the core's lease lock for a moment per heartbeat (the snapshot lane takes the core's
+// lock); the holder is often an ordinary thread, which on a host full of busy workers may wait a
+// whole scheduler slice (a millisecond and more) for a CPU while it holds the lock, and the
+// real-time thread with it (priority inversion). Uncontended, it costs what any mutex does (an
+// atomic in user space).
 
 #include <pthread.h>
 

@@ -120,15 +120,27 @@ absl::Status SendMessage(int socket_fd, const google::protobuf::MessageLite& mes
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
-                                                     google::protobuf::MessageLite* message) {
+void CollectDescriptors(msghdr& msg, std::vector<UniqueFd>* out) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      out->emplace_back(fd);
+    }
+  }
+}
+
+absl::Status ReceiveWithDescriptors(int socket_fd, google::protobuf::MessageLite* message,
+                                    std::vector<UniqueFd>* attached) {
   // One buffer per thread: heartbeats come many times a second on the daemon's lane.
   thread_local std::string bytes(kMaxChannelMessageBytes, '\0');
   iovec iov{bytes.data(), bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerDatagram)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n;
@@ -136,16 +148,7 @@ absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
     n = recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return Errno("recvmsg on the memory channel");
-  std::vector<UniqueFd> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(fd);
-    }
-  }
+  CollectDescriptors(msg, attached);
   if (n == 0) return absl::UnavailableError("the memory channel closed before a message came");
   if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
     return absl::InvalidArgumentError(
@@ -157,6 +160,13 @@ absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
     return absl::InvalidArgumentError(
         absl::StrCat("memory channel message of ", n, " bytes is not a ", message->GetTypeName()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
+                                                     google::protobuf::MessageLite* message) {
+  std::vector<UniqueFd> fds;
+  if (absl::Status s = ReceiveWithDescriptors(socket_fd, message, &fds); !s.ok()) return s;
   return fds;
 }
 
@@ -167,7 +177,8 @@ v1::ChannelReply ChannelErrorReply(const absl::Status& status) {
   return reply;
 }
 
-absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout) {
+absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout,
+                                        const DaemonUids* daemon) {
   absl::StatusOr<sockaddr_un> addr = Address(channel_path);
   if (!addr.ok()) return addr.status();
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -175,6 +186,9 @@ absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::D
   SetTimeouts(sock.get(), timeout);
   if (connect(sock.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     return Errno(absl::StrCat("connect to the memory channel ", channel_path));
+  }
+  if (daemon != nullptr) {
+    if (absl::Status s = CheckDaemonPeer(sock.get(), channel_path, *daemon); !s.ok()) return s;
   }
   return sock;
 }
@@ -195,8 +209,9 @@ absl::StatusOr<v1::ChannelReply> ChannelExchange(int socket_fd, const v1::Channe
 
 absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
                                              const v1::ChannelRequest& request,
-                                             std::vector<UniqueFd>* fds, absl::Duration timeout) {
-  absl::StatusOr<UniqueFd> sock = ConnectChannel(channel_path, timeout);
+                                             std::vector<UniqueFd>* fds, absl::Duration timeout,
+                                             const DaemonUids* daemon) {
+  absl::StatusOr<UniqueFd> sock = ConnectChannel(channel_path, timeout, daemon);
   if (!sock.ok()) return sock.status();
   return ChannelExchange(sock->get(), request, fds);
 }

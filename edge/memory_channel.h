@@ -6,6 +6,7 @@
 // datagram, the reply's file descriptors attached with SCM_RIGHTS. The server learns the peer
 // from the kernel (SO_PEERCRED, SO_PEERGROUPS), never from the message.
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <string>
@@ -14,12 +15,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "edge/daemon_identity.h"
 #include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier::edge {
 
 // The most descriptors one reply carries (the kernel's limit is 253).
 inline constexpr int kMaxFdsPerMessage = 65;
+// The most descriptors the kernel attaches to one unix datagram (SCM_MAX_FD).
+inline constexpr int kMaxFdsPerDatagram = 253;
 
 // A file descriptor closed on destruction. Move-only.
 class UniqueFd {
@@ -68,22 +72,34 @@ absl::Status SendMessage(int socket_fd, const google::protobuf::MessageLite& mes
 // truncated datagram or descriptor list is INVALID_ARGUMENT (the descriptors are closed).
 absl::StatusOr<std::vector<UniqueFd>> ReceiveMessage(int socket_fd,
                                                      google::protobuf::MessageLite* message);
+// As ReceiveMessage, but every descriptor attached comes back in `*attached` whatever the status,
+// so that the caller decides on which thread they close: closing a descriptor a peer chose can
+// block (a TCP socket lingering on unsent data, a file on a stuck FUSE mount). The control
+// buffer takes the kernel's most (SCM_MAX_FD) so that none is dropped, and closed, by recvmsg.
+// Appends the descriptors attached (SCM_RIGHTS) to a message recvmsg filled in to `*out`.
+void CollectDescriptors(msghdr& msg, std::vector<UniqueFd>* out);
+absl::Status ReceiveWithDescriptors(int socket_fd, google::protobuf::MessageLite* message,
+                                    std::vector<UniqueFd>* attached);
 
 // Server side: the reply that carries `status` (not OK) to the caller.
 v1::ChannelReply ChannelErrorReply(const absl::Status& status);
 
 // Client side: a connection to `channel_path` whose sends and receives block at most `timeout`.
-absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout);
+// With `daemon`, the peer must be one of its uids (CheckDaemonPeer): a client checks every
+// connection, so that nobody who can bind a socket at the path hears what it says.
+absl::StatusOr<UniqueFd> ConnectChannel(const std::string& channel_path, absl::Duration timeout,
+                                        const DaemonUids* daemon = nullptr);
 // Sends `request` on a connected socket and returns the reply and its descriptors. A reply whose
 // code is not OK comes back as that status with its message.
 absl::StatusOr<v1::ChannelReply> ChannelExchange(int socket_fd, const v1::ChannelRequest& request,
                                                  std::vector<UniqueFd>* fds);
 // Both, on a connection of its own: connects to `channel_path`, sends `request`, returns the
-// reply. No step blocks longer than `timeout`.
+// reply. No step blocks longer than `timeout`. `daemon` as in ConnectChannel.
 absl::StatusOr<v1::ChannelReply> ChannelCall(const std::string& channel_path,
                                              const v1::ChannelRequest& request,
                                              std::vector<UniqueFd>* fds,
-                                             absl::Duration timeout = absl::Seconds(2));
+                                             absl::Duration timeout = absl::Seconds(2),
+                                             const DaemonUids* daemon = nullptr);
 
 // Server side: a listening SOCK_SEQPACKET socket at `path` (an existing socket file is
 // replaced), mode `mode`, optionally given to group `gid` (-1 = leave).

@@ -228,16 +228,11 @@ class ChaosRun {
     d_.socket_path = sock_;
     d_.metrics_address = absl::StrCat("127.0.0.1:", port_);
     if (o_.full_tmpfs > 0) {
-      // Room for both budgets twice: a restarted daemon needs them free while the workers still
-      // map the old daemon's extents.
-      nf_.tmpfs_bytes = 2 * (uint64_t{d_.ddr_mib} + d_.compressed_mib + 8) << 20;
-      absl::StatusOr<std::unique_ptr<FullTmpfs>> mounted =
-          FullTmpfs::Mount(dir + "/extents", nf_.tmpfs_bytes);
-      if (mounted.ok()) {
-        tmpfs_ = *std::move(mounted);
-      } else {
-        nf_.tmpfs_not_run = std::string(mounted.status().message());
-      }
+      // kvtierd refuses pools.extent_dir since extents there cannot be sealed (a worker could
+      // grow its own and fill the tmpfs for everyone); a pool that cannot grow is checked by
+      // pool_exhaustion_test (a file-size limit) instead.
+      nf_.tmpfs_not_run =
+          "pools.extent_dir is refused by kvtierd (unsealable extents); see pool_exhaustion_test";
     }
     extent_dir_ = tmpfs_ ? tmpfs_->dir() : "";
     d_.config_text = ChaosConfig(o_, o_.ttl_ms, false, extent_dir_);

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "client/kvtierctl/plan_command.h"
 #include "client/kvtierctl/table.h"
+#include "edge/health_probe.h"
 #include "edge/memory_channel.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
@@ -86,6 +88,58 @@ std::string SequencesTable(const v1::GetStatusResponse& s) {
   return t.Render();
 }
 
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// `kvtierctl health`: the probe a worker's view needs (edge/health_probe.h), one line per check;
+// exit 0 when every check passed, 1 naming the failed ones otherwise.
+int Health(const std::string& socket, double timeout_s, bool json) {
+  edge::HealthReport report = edge::ProbeHealth(
+      {.socket_path = socket, .timeout = absl::Seconds(std::max(0.001, timeout_s))});
+  if (json) {
+    std::string out =
+        absl::StrCat("{\n  \"healthy\": ", report.ok() ? "true" : "false",
+                     ",\n  \"socket\": ", JsonString(socket),
+                     ",\n  \"failed\": ", JsonString(report.FailedChecks()), ",\n  \"checks\": [");
+    for (size_t i = 0; i < report.checks.size(); ++i) {
+      const edge::HealthCheck& c = report.checks[i];
+      absl::StrAppend(
+          &out, i ? "," : "", "\n    {\"name\": ", JsonString(c.name),
+          ", \"ok\": ", c.status.ok() ? "true" : "false",
+          ", \"code\": ", JsonString(absl::StatusCodeToString(c.status.code())),
+          absl::StrFormat(", \"latency_ms\": %.3f", absl::ToDoubleMilliseconds(c.latency)),
+          ", \"detail\": ", JsonString(c.detail), "}");
+    }
+    absl::StrAppend(&out, "\n  ]\n}\n");
+    std::fputs(out.c_str(), stdout);
+  } else {
+    for (const edge::HealthCheck& c : report.checks) {
+      std::printf(
+          "%-4s %-18s %9.3f ms  %s\n", c.status.ok() ? "ok" : "FAIL", c.name.c_str(),
+          absl::ToDoubleMilliseconds(c.latency),
+          c.status.ok()
+              ? c.detail.c_str()
+              : absl::StrCat(absl::StatusCodeToString(c.status.code()), ": ", c.detail).c_str());
+    }
+  }
+  if (report.ok()) return 0;
+  std::fprintf(stderr, "kvtierctl: kvtierd at %s is unhealthy: %s failed\n", socket.c_str(),
+               report.FailedChecks().c_str());
+  return 1;
+}
+
 }  // namespace
 }  // namespace kvtier::ctl
 
@@ -96,15 +150,25 @@ int main(int argc, char** argv) {
   std::string address;
   bool json = false;
   int timeout_ms = 3000;
-  app.add_option("--socket", socket, "kvtierd's unix socket")->capture_default_str();
+  app.add_option("--socket", socket, "kvtierd's unix socket")
+      ->envname("KVTIER_SOCKET")
+      ->capture_default_str();
   app.add_option("--address", address, "Connect to a gRPC address instead (e.g. 127.0.0.1:50551)");
   app.add_flag("--json", json, "Print the daemon's answer as JSON, for scripts");
   app.add_option("--timeout-ms", timeout_ms, "Give up after this long")->capture_default_str();
   app.require_subcommand(1, 1);
+  // `kvtierctl health --json` as well as `kvtierctl --json health` (subcommands inherit it).
+  app.fallthrough();
   app.add_subcommand("status", "Daemon, pools and HBM saved");
   app.add_subcommand("workers", "Registered workers and their leases");
   app.add_subcommand("sequences", "Open sequences and where their tokens live");
   app.add_subcommand("pools", "Shared-memory pools: capacity and use");
+  double health_timeout_s = 2.0;
+  app.add_subcommand("health",
+                     "Does kvtierd serve workers? A hello and a heartbeat on the memory channel "
+                     "and a gRPC call, each with its own deadline; exit 1 names what failed")
+      ->add_option("--timeout", health_timeout_s, "Seconds each check may take")
+      ->capture_default_str();
   ctl::PlanArgs plan_args;
   CLI::App* plan = ctl::AddPlanCommand(app, &plan_args);
   CLI11_PARSE(app, argc, argv);
@@ -113,6 +177,15 @@ int main(int argc, char** argv) {
     return ctl::RunPlan(plan_args);
   }
   const std::string command = app.get_subcommands()[0]->get_name();
+  if (command == "health") {
+    if (!address.empty()) {
+      std::fprintf(stderr,
+                   "kvtierctl: health needs the unix socket (--socket): the memory channel is "
+                   "beside it, and a worker uses both\n");
+      return 2;
+    }
+    return ctl::Health(socket, health_timeout_s, json);
+  }
 
   const std::string target = address.empty() ? "unix:" + socket : address;
   auto stub = v1::KvTier::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));

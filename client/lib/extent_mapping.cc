@@ -97,6 +97,21 @@ absl::Status ExtentMapping::CheckHeader(int fd) {
   return absl::OkStatus();
 }
 
+absl::Status ExtentMapping::CheckDescriptors(const std::vector<edge::UniqueFd>& fds,
+                                             uint32_t first) const {
+  RETURN_IF_ERROR(
+      edge::CheckExtentDescriptor(fds[0].get(), absl::StrCat(PoolName(kind_), " pool header"),
+                                  edge::DescriptorKind::kSealedHeader, layout::kPoolHeaderBytes));
+  const edge::DescriptorKind kind =
+      vmm_ != nullptr ? edge::DescriptorKind::kCudaVmm : edge::DescriptorKind::kMemfd;
+  for (size_t i = 1; i < fds.size(); ++i) {
+    RETURN_IF_ERROR(edge::CheckExtentDescriptor(
+        fds[i].get(), absl::StrCat(PoolName(kind_), " pool extent ", first + i - 1), kind,
+        extent_bytes_));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ExtentMapping::MapExtent(int fd, uint32_t index) {
   const uint64_t offset = uint64_t{index} * extent_bytes_;
   if (vmm_ != nullptr) {
@@ -116,7 +131,7 @@ absl::Status ExtentMapping::MapExtent(int fd, uint32_t index) {
 }
 
 absl::Status ExtentMapping::Grow(uint32_t n, const std::string& channel_path,
-                                 const std::string& secret) {
+                                 const std::string& secret, const edge::DaemonUids& daemon) {
   if (n > max_extents_) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan needs ", n, " extents, more than the ", max_extents_, " reserved"));
@@ -131,7 +146,8 @@ absl::Status ExtentMapping::Grow(uint32_t n, const std::string& channel_path,
     fetch->set_kind(kind_);
     fetch->set_first_extent(have);
     std::vector<edge::UniqueFd> fds;
-    ASSIGN_OR_RETURN(v1::ChannelReply reply, edge::ChannelCall(channel_path, request, &fds));
+    ASSIGN_OR_RETURN(v1::ChannelReply reply,
+                     edge::ChannelCall(channel_path, request, &fds, absl::Seconds(2), &daemon));
     if (fds.size() != size_t{reply.extent_count()} + 1 || reply.first_extent() != have) {
       return absl::InternalError(absl::StrCat("memory channel sent ", fds.size(),
                                               " descriptors for ", reply.extent_count(),
@@ -142,6 +158,7 @@ absl::Status ExtentMapping::Grow(uint32_t n, const std::string& channel_path,
                                               have + reply.extent_count(), ", past the ",
                                               max_extents_, " reserved"));
     }
+    RETURN_IF_ERROR(CheckDescriptors(fds, have));
     if (!header_checked_) RETURN_IF_ERROR(CheckHeader(fds[0].get()));
     if (reply.extent_count() == 0 && have < n) {
       return absl::FailedPreconditionError(absl::StrCat("the daemon holds ", reply.total_extents(),

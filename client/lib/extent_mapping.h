@@ -11,11 +11,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "edge/cuda_vmm.h"
+#include "edge/daemon_identity.h"
+#include "edge/memory_channel.h"
 #include "kvtier/client.h"
 
 namespace kvtier::internal {
@@ -41,8 +44,11 @@ class ExtentMapping final : public PoolMapping {
   std::string vmm_failure() const;
 
   // Maps extents until `n` are mapped, fetching the missing ones from the channel at
-  // `channel_path` with the session's credentials; the first fetch checks the header.
-  absl::Status Grow(uint32_t n, const std::string& channel_path, const std::string& secret);
+  // `channel_path` (answered by one of `daemon`) with the session's credentials; the first fetch
+  // checks the header. Every descriptor of a reply is checked (type, size, seals) before any of
+  // them is mapped: UNAUTHENTICATED naming the first that is not what the daemon makes.
+  absl::Status Grow(uint32_t n, const std::string& channel_path, const std::string& secret,
+                    const edge::DaemonUids& daemon);
 
  private:
   ExtentMapping(v1::PoolKind kind, uint8_t* base, uint64_t extent_bytes, uint64_t max_extents,
@@ -57,6 +63,8 @@ class ExtentMapping final : public PoolMapping {
         cuda_(std::move(cuda)),
         vmm_(std::move(vmm)) {}
   absl::Status CheckHeader(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Type, size and seals of a reply's descriptors: the header, then extents from `first`.
+  absl::Status CheckDescriptors(const std::vector<edge::UniqueFd>& fds, uint32_t first) const;
   absl::Status MapExtent(int fd, uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::PoolKind kind_;

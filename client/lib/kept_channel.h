@@ -23,10 +23,13 @@ namespace kvtier::internal {
 // Thread-safe: one request at a time on each connection, up to `max_connections` at once.
 class KeptChannel {
  public:
-  // `timeout` bounds the connect, the send and the wait for the answer.
-  KeptChannel(std::string channel_path, absl::Duration timeout, int max_connections = 1)
+  // `timeout` bounds the connect, the send and the wait for the answer. Every connection's peer
+  // must be one of `daemon` (edge::ConnectChannel).
+  KeptChannel(std::string channel_path, absl::Duration timeout, edge::DaemonUids daemon,
+              int max_connections = 1)
       : channel_path_(std::move(channel_path)),
         timeout_(timeout),
+        daemon_(std::move(daemon)),
         max_connections_(max_connections) {}
 
   // One request and the daemon's reply, whatever its code (the daemon closes the connection after
@@ -47,6 +50,7 @@ class KeptChannel {
 
   const std::string channel_path_;
   const absl::Duration timeout_;
+  const edge::DaemonUids daemon_;
   const int max_connections_;
   absl::Mutex mu_;
   std::vector<edge::UniqueFd> idle_ ABSL_GUARDED_BY(mu_);
@@ -55,9 +59,9 @@ class KeptChannel {
 };
 
 // One heartbeat on `channel`. The daemon's answer: OK with `response` filled, or the status it
-// gave. UNAVAILABLE or DEADLINE_EXCEEDED when it could not be reached in time. nullopt when the
-// daemon does not take heartbeats on the channel (one that predates them, or one that keeps as
-// many connections as it will): send it over gRPC.
+// gave. nullopt when the daemon does not take heartbeats on the channel (one that predates them,
+// or one that keeps as many connections as it will), and when the channel gave no answer in time
+// or none at all (a lane wedged or gone must not let the lease lapse): send it over gRPC, once.
 std::optional<absl::Status> ChannelHeartbeat(KeptChannel& channel,
                                              const v1::HeartbeatRequest& request,
                                              v1::HeartbeatResponse* response);

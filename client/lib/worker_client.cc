@@ -53,11 +53,13 @@ bool Unreachable(const absl::Status& s) {
 
 class WorkerClientImpl final : public WorkerClient {
  public:
-  WorkerClientImpl(const ClientOptions& options, std::string channel_path)
+  WorkerClientImpl(const ClientOptions& options, std::string socket_path, edge::DaemonUids daemon)
       : options_(options),
-        channel_path_(std::move(channel_path)),
-        beats_(channel_path_, options.rpc_deadline),
-        snapshots_(channel_path_, options.rpc_deadline, kSnapshotConnections),
+        socket_path_(std::move(socket_path)),
+        channel_path_(edge::ChannelPathFor(socket_path_)),
+        daemon_(std::move(daemon)),
+        beats_(channel_path_, options.rpc_deadline, daemon_),
+        snapshots_(channel_path_, options.rpc_deadline, daemon_, kSnapshotConnections),
         stub_(v1::KvTier::NewStub(MakeChannel(options.address))) {}
 
   // After losing the daemon, a fresh channel connects at once instead of waiting out the old
@@ -141,7 +143,14 @@ class WorkerClientImpl final : public WorkerClient {
   // One registration asking for `want`. When a CUDA VMM pool cannot be reserved here,
   // `vmm_error` says why and the new session is closed again.
   absl::Status RegisterAs(v1::PoolMemory want, std::string* vmm_error) {
-    ASSIGN_OR_RETURN(v1::ChannelReply hello, ChannelHello(options_.address));
+    // gRPC connects (and reconnects) by path: the socket must be the daemon's, in a directory
+    // only the daemon may write, so that it stays the daemon's for the session.
+    RETURN_IF_ERROR(edge::CheckDaemonSocketFile(socket_path_, daemon_));
+    v1::ChannelRequest hello_request;
+    hello_request.mutable_hello();
+    ASSIGN_OR_RETURN(
+        v1::ChannelReply hello,
+        edge::ChannelCall(channel_path_, hello_request, nullptr, absl::Seconds(2), &daemon_));
     v1::RegisterWorkerRequest request = options_.registration;
     request.set_pid(getpid());
     request.set_channel_ticket(hello.ticket());
@@ -163,7 +172,7 @@ class WorkerClientImpl final : public WorkerClient {
       }
       if (!mapping.ok()) return mapping.status();
       // Checks the sealed header before anything relies on the pool.
-      RETURN_IF_ERROR((*mapping)->Grow(0, channel_path_, response.session_secret()));
+      RETURN_IF_ERROR((*mapping)->Grow(0, channel_path_, response.session_secret(), daemon_));
       (d.kind() == v1::POOL_KIND_DDR ? ddr : compressed) = *std::move(mapping);
     }
     if (ddr == nullptr || compressed == nullptr) {
@@ -399,10 +408,10 @@ class WorkerClientImpl final : public WorkerClient {
       secret = secret_;
     }
     if (ddr->mapped_extents() < plan.ddr_extents()) {
-      RETURN_IF_ERROR(ddr->Grow(plan.ddr_extents(), channel_path_, secret));
+      RETURN_IF_ERROR(ddr->Grow(plan.ddr_extents(), channel_path_, secret, daemon_));
     }
     if (compressed->mapped_extents() < plan.compressed_extents()) {
-      RETURN_IF_ERROR(compressed->Grow(plan.compressed_extents(), channel_path_, secret));
+      RETURN_IF_ERROR(compressed->Grow(plan.compressed_extents(), channel_path_, secret, daemon_));
     }
     return absl::OkStatus();
   }
@@ -446,9 +455,11 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   const ClientOptions options_;
+  const std::string socket_path_;
   const std::string channel_path_;
-  KeptChannel beats_;      // kept channel connections (options_.heartbeat_over_channel,
-  KeptChannel snapshots_;  // options_.snapshots_over_channel)
+  const edge::DaemonUids daemon_;  // who may answer on socket_path_ and channel_path_
+  KeptChannel beats_;              // kept channel connections (options_.heartbeat_over_channel,
+  KeptChannel snapshots_;          // options_.snapshots_over_channel)
   absl::Mutex register_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one re-registration at a time
   mutable absl::Mutex mu_;
   std::shared_ptr<v1::KvTier::Stub> stub_ ABSL_GUARDED_BY(mu_);
@@ -475,11 +486,13 @@ class WorkerClientImpl final : public WorkerClient {
 
 }  // namespace
 
-absl::StatusOr<v1::ChannelReply> ChannelHello(const std::string& address) {
+absl::StatusOr<v1::ChannelReply> ChannelHello(const std::string& address, int64_t daemon_uid) {
   ASSIGN_OR_RETURN(std::string socket_path, edge::UnixSocketPath(address));
+  ASSIGN_OR_RETURN(edge::DaemonUids daemon, edge::ResolveDaemonUids(daemon_uid));
   v1::ChannelRequest request;
   request.mutable_hello();
-  return edge::ChannelCall(edge::ChannelPathFor(socket_path), request, nullptr);
+  return edge::ChannelCall(edge::ChannelPathFor(socket_path), request, nullptr, absl::Seconds(2),
+                           &daemon);
 }
 
 absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Connect(const ClientOptions& options) {
@@ -489,7 +502,8 @@ absl::StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Connect(const Client
                      "; expected 0 (off) or a SCHED_FIFO priority, 1-99"));
   }
   ASSIGN_OR_RETURN(std::string socket_path, edge::UnixSocketPath(options.address));
-  auto client = std::make_unique<WorkerClientImpl>(options, edge::ChannelPathFor(socket_path));
+  ASSIGN_OR_RETURN(edge::DaemonUids daemon, edge::ResolveDaemonUids(options.daemon_uid));
+  auto client = std::make_unique<WorkerClientImpl>(options, socket_path, std::move(daemon));
   RETURN_IF_ERROR(client->Register());
   if (options.background_heartbeat) client->StartHeartbeats();
   return std::unique_ptr<WorkerClient>(std::move(client));

@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "daemon/link_schedule.h"
 #include "daemon/pool_backend.h"
 
 namespace kvtier::daemon {
@@ -84,6 +86,49 @@ Setter Ids(std::vector<uint32_t>* out) {
   };
 }
 
+// [links]: one key per link_id, each an inline table { bytes_per_second = 5.5e10, numa_node = 0 }.
+absl::Status ParseLinks(const std::string& source, const toml::table& table,
+                        std::vector<LinkEntry>* out) {
+  for (auto&& [key, value] : table) {
+    LinkEntry e;
+    e.id = std::string(key.str());
+    const std::string where = Where(source, value, absl::StrCat("links.\"", e.id, "\""));
+    if (e.id.empty() || e.id.size() > 128 ||
+        !std::all_of(e.id.begin(), e.id.end(), [](char c) { return c > 0x20 && c < 0x7f; })) {
+      return Bad(where, "must be a link_id: 1 to 128 printable bytes without spaces");
+    }
+    const toml::table* t = value.as_table();
+    if (t == nullptr) {
+      return Bad(where, "must be a table: { bytes_per_second = 5.5e10, numa_node = 0 }");
+    }
+    bool have_bandwidth = false;
+    for (auto&& [field, v] : *t) {
+      const std::string name(field.str());
+      if (name == "bytes_per_second" && (v.is_floating_point() || v.is_integer())) {
+        e.bytes_per_second = *v.value<double>();
+        if (!(e.bytes_per_second > 0 && e.bytes_per_second <= kMaxLinkBytesPerSecond)) {
+          return Bad(where, absl::StrCat("bytes_per_second = ", e.bytes_per_second,
+                                         " must be in (0, ", kMaxLinkBytesPerSecond, "]"));
+        }
+        have_bandwidth = true;
+      } else if (name == "numa_node" && v.is_integer()) {
+        const int64_t n = *v.value<int64_t>();
+        if (n < 0 || n >= 1024) {
+          return Bad(where, absl::StrCat("numa_node = ", n, " must be in [0, 1023]"));
+        }
+        e.numa_node = static_cast<uint32_t>(n);
+      } else {
+        return Bad(where, absl::StrCat(name,
+                                       " is not a known field or has the wrong type "
+                                       "(bytes_per_second: a number, numa_node: an integer)"));
+      }
+    }
+    if (!have_bandwidth) return Bad(where, "needs bytes_per_second");
+    out->push_back(std::move(e));
+  }
+  return absl::OkStatus();
+}
+
 std::map<std::string, Setter> Schema(DaemonConfig* c) {
   std::map<std::string, Setter> s;
   s["server.socket"] = String(&c->server.socket_path);
@@ -106,6 +151,12 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
       Integer([c](int64_t v) { c->server.heartbeat_priority = static_cast<int>(v); }, 0, 99);
   s["server.snapshot_priority"] =
       Integer([c](int64_t v) { c->server.snapshot_priority = static_cast<int>(v); }, 0, 99);
+  s["server.channel_connections"] =
+      Integer([c](int64_t v) { c->server.channel_connections = static_cast<int>(v); }, 1, 65536);
+  s["server.channel_connections_per_uid"] = Integer(
+      [c](int64_t v) { c->server.channel_connections_per_uid = static_cast<int>(v); }, 1, 65536);
+  s["server.channel_request_timeout_ms"] = Integer(
+      [c](int64_t v) { c->server.channel_request_timeout = absl::Milliseconds(v); }, 10, 60'000);
   s["pools.ddr_mib"] = Mebibytes(&c->core.ddr_pool_bytes, 1);
   s["pools.compressed_mib"] = Mebibytes(&c->core.compressed_pool_bytes, 1);
   s["pools.shm_prefix"] = [c](const toml::node& n, const std::string& where) -> absl::Status {
@@ -163,6 +214,11 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
       [c](int64_t v) { c->core.max_sequences_per_worker = static_cast<uint32_t>(v); }, 1, 1 << 20);
   s["limits.max_sequences"] =
       Integer([c](int64_t v) { c->core.max_sequences = static_cast<uint32_t>(v); }, 1, 1 << 24);
+  s["limits.max_worker_entries"] =
+      Integer([c](int64_t v) { c->core.max_worker_entries = static_cast<uint64_t>(v); }, 1,
+              int64_t{1} << 40);
+  s["limits.max_node_entries"] = Integer(
+      [c](int64_t v) { c->core.max_node_entries = static_cast<uint64_t>(v); }, 1, int64_t{1} << 40);
   s["limits.max_snapshot_entries"] =
       Integer([c](int64_t v) { c->core.max_snapshot_entries = static_cast<uint64_t>(v); }, 1,
               int64_t{1} << 24);
@@ -221,7 +277,11 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view
     if (table == nullptr) {
       return Bad(Where(source, section, section_name),
                  "is not a known section (expected [server], [pools], [leases], [limits], "
-                 "[security], [schedules] or [policy])");
+                 "[security], [schedules], [links] or [policy])");
+    }
+    if (section_name == "links") {
+      RETURN_IF_ERROR(ParseLinks(source, *table, &config.core.links));
+      continue;
     }
     for (auto&& [key, value] : *table) {
       std::string full = absl::StrCat(section_name, ".", std::string(key.str()));

@@ -28,6 +28,12 @@ struct ServerOptions {
   // channel (daemon/kvtierd/channel_lane.h); 0 = the default policy.
   int heartbeat_priority = 1;
   int snapshot_priority = 1;
+  // The memory channel's connections waiting for their request (daemon/kvtierd/channel_server.h):
+  // all peers together, and per uid; one that has not sent a whole request within the timeout is
+  // dropped.
+  int channel_connections = 512;
+  int channel_connections_per_uid = 64;
+  absl::Duration channel_request_timeout = absl::Milliseconds(500);
 };
 
 // Defaults applied to OpenSequence requests that name no policy.

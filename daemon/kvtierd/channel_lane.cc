@@ -41,11 +41,12 @@ bool PriorityValve::Count(absl::Time now, int64_t cost) {
   return allowed_;
 }
 
-ChannelLane::ChannelLane(Lane lane, DaemonCore* core, ChannelLaneOptions options, LogFn log_info,
-                         LogFn log_warning)
+ChannelLane::ChannelLane(Lane lane, DaemonCore* core, DescriptorSink* sink,
+                         ChannelLaneOptions options, LogFn log_info, LogFn log_warning)
     : lane_(lane),
       name_(lane == Lane::kHeartbeat ? "heartbeat lane" : "snapshot lane"),
       core_(core),
+      sink_(sink),
       options_(options),
       log_info_(std::move(log_info)),
       log_warning_(std::move(log_warning)),
@@ -79,10 +80,18 @@ ChannelLane::ChannelLane(Lane lane, DaemonCore* core, ChannelLaneOptions options
 ChannelLane::~ChannelLane() {
   if (wake_write_.valid()) (void)!write(wake_write_.get(), "x", 1);
   thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (auto& [fd, c] : connections_) sink_->Close(std::move(c->fd));
+  connections_.clear();
 }
 
 void ChannelLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials& peer,
                         const v1::ChannelRequest& first) {
+  if (!Keep(connection, peer, first)) sink_->Close(std::move(connection));
+}
+
+bool ChannelLane::Keep(edge::UniqueFd& connection, const edge::PeerCredentials& peer,
+                       const v1::ChannelRequest& first) {
   {
     absl::MutexLock lock(&mu_);
     if (static_cast<int>(connections_.size()) >= options_.max_connections) {
@@ -93,10 +102,10 @@ void ChannelLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials& 
           edge::ChannelErrorReply(lane_ == Lane::kHeartbeat ? absl::ResourceExhaustedError(why)
                                                             : absl::UnavailableError(why)));
       CountDrop(PeerFault::kLaneFull);
-      return;
+      return false;
     }
   }
-  if (!Answer(connection.get(), peer, first)) return;  // kept only once the core accepted one
+  if (!Answer(connection.get(), peer, first)) return false;  // kept once the core accepted one
   const int fd = connection.get();
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   auto c = std::make_unique<Connection>();
@@ -109,13 +118,17 @@ void ChannelLane::Adopt(edge::UniqueFd connection, const edge::PeerCredentials& 
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return;  // closes with `c`
+    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      connection = std::move(c->fd);
+      return false;
+    }
     connections_.emplace(fd, std::move(c));
     kept = connections_.size();
     GaugeConnectionsLocked();
   }
   log_info_(absl::StrCat(name_, ": keeps a connection of pid ", peer.pid, " (uid ", peer.uid, "; ",
                          kept, " kept)"));
+  return true;
 }
 
 absl::StatusOr<v1::ChannelReply> ChannelLane::Ask(const edge::PeerCredentials& peer,
@@ -139,7 +152,9 @@ bool ChannelLane::Answer(int fd, const edge::PeerCredentials& peer,
     // A refused request ends the connection: a lost lease or a restarted daemon (the worker
     // registers again and connects anew), a session it may not speak for, a bad snapshot.
     (void)SendNow(fd, edge::ChannelErrorReply(reply.status()));
-    CountDrop(PeerFault::kRefused);
+    // A health probe's heartbeat (worker 0, never issued) is no peer's fault.
+    const bool probe = lane_ == Lane::kHeartbeat && request.heartbeat().worker_id() == 0;
+    if (!probe) CountDrop(PeerFault::kRefused);
     if (reply.status().code() == absl::StatusCode::kPermissionDenied) {
       log_warning_(absl::StrCat(name_, ": pid ", peer.pid, ": ", reply.status().message()));
     }
@@ -173,12 +188,26 @@ void ChannelLane::Loop() {
 
 bool ChannelLane::Serve(Connection& c) {
   v1::ChannelRequest request;
-  absl::StatusOr<std::vector<edge::UniqueFd>> sent = edge::ReceiveMessage(c.fd.get(), &request);
+  std::vector<edge::UniqueFd> attached;
+  absl::Status sent = edge::ReceiveWithDescriptors(c.fd.get(), &request, &attached);
+  const bool heartbeats = lane_ == Lane::kHeartbeat;
+  if (!attached.empty()) {
+    // Never closed here: their close could block on what the peer made of them.
+    const size_t n = attached.size();
+    sink_->Close(std::move(attached));
+    (void)SendNow(c.fd.get(),
+                  edge::ChannelErrorReply(absl::InvalidArgumentError(absl::StrCat(
+                      "a ", heartbeats ? "heartbeat" : "snapshot",
+                      " on the memory channel carries no descriptors; ", n, " came attached"))));
+    log_warning_(absl::StrCat(name_, ": dropped pid ", c.peer.pid, " (uid ", c.peer.uid,
+                              "): it attached ", n, " descriptors to a request"));
+    CountDrop(PeerFault::kDescriptors);
+    return false;
+  }
   if (!sent.ok()) {
     // Woken with nothing to read: keep it. Closed, or a datagram that is no request: drop it.
-    return sent.status().code() == absl::StatusCode::kDeadlineExceeded;
+    return sent.code() == absl::StatusCode::kDeadlineExceeded;
   }
-  const bool heartbeats = lane_ == Lane::kHeartbeat;
   if (request.op_case() !=
       (heartbeats ? v1::ChannelRequest::kHeartbeat : v1::ChannelRequest::kSnapshot)) {
     (void)SendNow(c.fd.get(), edge::ChannelErrorReply(absl::InvalidArgumentError(
@@ -242,17 +271,18 @@ void ChannelLane::Drop(int fd) {
   gone = std::move(it->second);
   connections_.erase(it);
   GaugeConnectionsLocked();
+  sink_->Close(std::move(gone->fd));
 }
 
 void ChannelLane::CountDrop(PeerFault fault) {
   using D = Metrics::ConnectionDrop;
   // Per lane (heartbeat, snapshot), in PeerFault's order. Snapshot connections have no rate,
   // so the snapshot lane never counts kTooFast.
-  static constexpr D kReasons[2][5] = {
+  static constexpr D kReasons[2][6] = {
       {D::kHeartbeatUnread, D::kHeartbeatTooFast, D::kHeartbeatRefused, D::kHeartbeatMisuse,
-       D::kHeartbeatLaneFull},
+       D::kHeartbeatLaneFull, D::kChannelDescriptors},
       {D::kSnapshotUnread, D::kHeartbeatTooFast, D::kSnapshotRefused, D::kSnapshotMisuse,
-       D::kSnapshotLaneFull}};
+       D::kSnapshotLaneFull, D::kChannelDescriptors}};
   if (options_.metrics == nullptr) return;
   options_.metrics->CountDroppedConnection(
       kReasons[static_cast<int>(lane_)][static_cast<int>(fault)]);

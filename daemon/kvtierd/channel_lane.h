@@ -19,7 +19,10 @@
 // A connection is kept once the core accepted its first request, and dropped when its peer
 // closes it, sends a request of the other kind, sends heartbeats too fast, leaves an answer
 // unread (its queue is full), or has a request refused (a lost lease, another daemon's epoch, a
-// session it may not speak for, a bad snapshot): the worker connects anew for its next request.
+// session it may not speak for, a bad snapshot), or attaches descriptors to a request (they, and
+// every connection dropped, close on the descriptor sink's thread, never the lane's): the worker
+// connects anew for its next request. A lane never waits on a peer: its connections are
+// non-blocking both ways.
 
 #include <algorithm>
 #include <cstdint>
@@ -32,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/daemon_core.h"
+#include "daemon/kvtierd/descriptor_sink.h"
 #include "daemon/metrics.h"
 #include "edge/memory_channel.h"
 
@@ -78,10 +82,10 @@ class ChannelLane {
   // The snapshot lane's CPU, for the real-time priority: half a core.
   static constexpr double kSnapshotCpuShare = 0.5;
 
-  // `core` must outlive this. `log_info` hears of the thread's priority and of each connection
-  // kept, `log_warning` of each one dropped for what its peer did.
-  ChannelLane(Lane lane, DaemonCore* core, ChannelLaneOptions options, LogFn log_info,
-              LogFn log_warning);
+  // `core` and `sink` must outlive this. `log_info` hears of the thread's priority and of each
+  // connection kept, `log_warning` of each one dropped for what its peer did.
+  ChannelLane(Lane lane, DaemonCore* core, DescriptorSink* sink, ChannelLaneOptions options,
+              LogFn log_info, LogFn log_warning);
   ~ChannelLane();
   ChannelLane(const ChannelLane&) = delete;
   ChannelLane& operator=(const ChannelLane&) = delete;
@@ -89,7 +93,7 @@ class ChannelLane {
   // Answers `first` (a request of this lane's kind) on `connection` and keeps the connection for
   // the peer's later ones. A request the core refuses is answered and the connection closed; so
   // is one past max_connections (heartbeats: RESOURCE_EXHAUSTED; snapshots: UNAVAILABLE; either
-  // way the worker turns to gRPC).
+  // way the worker turns to gRPC). `connection` must be non-blocking.
   void Adopt(edge::UniqueFd connection, const edge::PeerCredentials& peer,
              const v1::ChannelRequest& first);
 
@@ -101,6 +105,9 @@ class ChannelLane {
     absl::Time refilled;
   };
 
+  // Adopt's work; false when `connection` (still the caller's) must go.
+  bool Keep(edge::UniqueFd& connection, const edge::PeerCredentials& peer,
+            const v1::ChannelRequest& first);
   void Loop();
   // Reads and answers one request; false when the connection must go.
   bool Serve(Connection& c);
@@ -113,7 +120,7 @@ class ChannelLane {
   bool WithinRate(Connection& c, absl::Time now);
   void Drop(int fd);
   // What a dropped connection's peer did, counted under the lane's own reason for it.
-  enum class PeerFault : int { kUnread, kTooFast, kRefused, kMisuse, kLaneFull };
+  enum class PeerFault : int { kUnread, kTooFast, kRefused, kMisuse, kLaneFull, kDescriptors };
   void CountDrop(PeerFault fault);
   // Sets the kept-connections gauge; needs mu_ for the count.
   void GaugeConnectionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -125,6 +132,7 @@ class ChannelLane {
   const Lane lane_;
   const char* const name_;  // "heartbeat lane" or "snapshot lane", for the log
   DaemonCore* const core_;
+  DescriptorSink* const sink_;
   const ChannelLaneOptions options_;
   const LogFn log_info_, log_warning_;
   edge::UniqueFd epoll_, wake_read_, wake_write_;

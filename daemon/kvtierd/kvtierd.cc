@@ -33,6 +33,7 @@
 #include "daemon/metrics.h"
 #include "daemon/pool_backend.h"
 #include "daemon/service/service.h"
+#include "edge/health_probe.h"
 #include "edge/memory_channel.h"
 #include "edge/message_limits.h"
 
@@ -145,15 +146,23 @@ class Reaper {
   std::thread thread_;
 };
 
-// Tells systemd the daemon is alive (WATCHDOG=1) only while the core answers: each ping follows
-// a status request through the core's lock, so a wedged core stops the pings and systemd
-// restarts the daemon (WatchdogSec= in deploy/kvtierd.service). No thread without a watchdog.
+// Tells systemd the daemon is alive (WATCHDOG=1) only while it serves workers: before each ping
+// its thread probes the daemon through its own sockets, as a worker would (edge/health_probe.h: a
+// hello and a heartbeat on the memory channel, GetStatus over gRPC on a new connection, each with
+// a deadline). A wedged core, a wedged channel, a gRPC listener deaf to new connections or a
+// socket path that leads elsewhere stops the pings, and systemd restarts the daemon (WatchdogSec=
+// in deploy/kvtierd.service). (A status asked of the core inside the process saw only the
+// first.) No thread without a watchdog.
 class Watchdog {
  public:
-  explicit Watchdog(DaemonCore* core) : core_(core) {
+  Watchdog(std::string socket_path, Logger* log) : socket_path_(std::move(socket_path)), log_(log) {
     uint64_t usec = 0;
     if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return;
     period_ = std::chrono::microseconds(usec / 4);
+    // Three checks take a period at most. A healthy daemon answers in milliseconds, so it pings
+    // every period and may miss three before systemd's limit (four periods).
+    check_timeout_ =
+        std::clamp(absl::FromChrono(period_) / 3, absl::Milliseconds(50), absl::Seconds(2));
     thread_ = std::thread([this] { Loop(); });
   }
   ~Watchdog() {
@@ -166,19 +175,43 @@ class Watchdog {
   }
   bool enabled() const { return thread_.joinable(); }
   std::chrono::microseconds period() const { return period_; }
+  absl::Duration check_timeout() const { return check_timeout_; }
 
  private:
   void Loop() {
+    bool healthy = true;
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
       lock.unlock();
-      if (core_->GetStatus(v1::GetStatusRequest()).ok()) sd_notify(0, "WATCHDOG=1");
+      edge::HealthReport report =
+          edge::ProbeHealth({.socket_path = socket_path_, .timeout = check_timeout_});
+      if (report.ok()) sd_notify(0, "WATCHDOG=1");
+      if (report.ok() != healthy) Tell(report);
+      healthy = report.ok();
       lock.lock();
     }
   }
 
-  DaemonCore* const core_;
+  // Logs (and shows in `systemctl status`) each change between passing and failing.
+  void Tell(const edge::HealthReport& report) {
+    if (report.ok()) {
+      log_->Info("watchdog: the self-probe passes again; pinging systemd");
+      sd_notify(0, "STATUS=serving");
+      return;
+    }
+    std::vector<std::string> failed;
+    for (const edge::HealthCheck& c : report.checks) {
+      if (!c.status.ok()) failed.push_back(absl::StrCat(c.name, ": ", c.status.ToString()));
+    }
+    log_->Warning(absl::StrCat("watchdog: no ping to systemd while the self-probe through ",
+                               socket_path_, " fails (", absl::StrJoin(failed, "; "), ")"));
+    sd_notify(0, absl::StrCat("STATUS=unhealthy: ", report.FailedChecks(), " failed").c_str());
+  }
+
+  const std::string socket_path_;
+  Logger* const log_;
   std::chrono::microseconds period_{0};
+  absl::Duration check_timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -269,7 +302,10 @@ int Serve(const Flags& flags, DaemonConfig config) {
                          .metrics = metrics.get()},
       [&log](const std::string& m) { log.Info(m); },
       [&log](const std::string& m) { log.Warning(m); },
-      [&log](const std::string& m) { log.Debug(m); });
+      [&log](const std::string& m) { log.Debug(m); },
+      ChannelServerLimits{.max_connections = config.server.channel_connections,
+                          .max_connections_per_uid = config.server.channel_connections_per_uid,
+                          .request_timeout = config.server.channel_request_timeout});
   KvTierService service(core->get(), config.policy, config.server.policy_threads);
   grpc::ServerBuilder builder;
   // Never share a TCP port with another process (a second daemon must fail, not split load).
@@ -309,10 +345,11 @@ int Serve(const Flags& flags, DaemonConfig config) {
         [&log](const std::string& m) { log.Warning(m); }, metrics.get());
   }
   auto reaper = std::make_unique<Reaper>(core->get(), &log, config.server.reap_interval);
-  auto watchdog = std::make_unique<Watchdog>(core->get());
+  auto watchdog = std::make_unique<Watchdog>(config.server.socket_path, &log);
   if (watchdog->enabled()) {
     log.Info(absl::StrCat("systemd watchdog: a ping every ", watchdog->period().count() / 1000,
-                          " ms while the core answers"));
+                          " ms while a probe through the sockets passes (",
+                          absl::FormatDuration(watchdog->check_timeout()), " a check)"));
   }
   sd_notify(0, "READY=1\nSTATUS=serving");
 

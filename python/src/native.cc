@@ -286,8 +286,9 @@ std::unique_ptr<Sequence> Runtime::Open(const worker::SequenceOptions& options) 
 class Client {
  public:
   Client(const std::string& address, const nb::dict& registration, double rpc_deadline_ms,
-         bool background_heartbeat, int heartbeat_priority) {
+         bool background_heartbeat, int heartbeat_priority, int64_t daemon_uid) {
     ClientOptions options;
+    options.daemon_uid = daemon_uid;
     options.address = address;
     options.rpc_deadline = absl::Milliseconds(rpc_deadline_ms);
     options.background_heartbeat = background_heartbeat;
@@ -447,9 +448,9 @@ NB_MODULE(_native, m) {
   nb::class_<Client>(m, "Client",
                      "A worker's session with kvtierd (register, sequences, snapshots, plans, "
                      "status); messages are dicts in the protobuf JSON field names.")
-      .def(nb::init<const std::string&, const nb::dict&, double, bool, int>(), "address"_a,
+      .def(nb::init<const std::string&, const nb::dict&, double, bool, int, int64_t>(), "address"_a,
            "registration"_a, nb::kw_only(), "rpc_deadline_ms"_a = 200.0,
-           "background_heartbeat"_a = true, "heartbeat_priority"_a = 0)
+           "background_heartbeat"_a = true, "heartbeat_priority"_a = 0, "daemon_uid"_a = -1)
       .def_prop_ro("worker_id", &Client::worker_id)
       .def_prop_ro("generation", &Client::generation)
       .def_prop_ro("connected", &Client::connected)

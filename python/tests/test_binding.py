@@ -256,14 +256,18 @@ def _may_run_realtime(priority):
     return allowed[0]
 
 
-def test_client_heartbeats_from_a_realtime_thread_when_allowed(daemon):
-    registration = {
-        "worker_name": "pytest-realtime",
+def _small_registration(name):
+    return {
+        "worker_name": name,
         "geometry": {"num_layers": 2, "num_kv_heads": KVH, "head_dim": D, "page_tokens": 4,
                      "layer_groups": 1, "element_bytes": 4},
         "t1_page_bytes": 2 * 2 * 4 * KVH * D * 4,
         "t2_page_bytes": 2560,
     }
+
+
+def test_client_heartbeats_from_a_realtime_thread_when_allowed(daemon):
+    registration = _small_registration("pytest-realtime")
     with pytest.raises(kvtier.InvalidArgumentError, match="heartbeat_priority is 100"):
         kvtier.Client(daemon.address, registration, heartbeat_priority=100)
     plain = kvtier.Client(daemon.address, registration)
@@ -271,6 +275,18 @@ def test_client_heartbeats_from_a_realtime_thread_when_allowed(daemon):
     plain.close()
     client = kvtier.Client(daemon.address, registration, heartbeat_priority=3)
     assert client.heartbeat_realtime == _may_run_realtime(3)
+    assert client.connected
+    client.close()
+
+
+def test_client_talks_only_to_a_daemon_of_the_uid_it_expects(daemon):
+    registration = _small_registration("pytest-daemon-uid")
+    if os.geteuid() != 0:  # root is always taken for the daemon: it can read anyone's memory
+        other = os.geteuid() + 4242
+        with pytest.raises(kvtier.PermissionDeniedError,
+                           match=f"bound by uid {os.geteuid()}, not the daemon's uid {other}"):
+            kvtier.Client(daemon.address, registration, daemon_uid=other)
+    client = kvtier.Client(daemon.address, registration, daemon_uid=os.geteuid())
     assert client.connected
     client.close()
 

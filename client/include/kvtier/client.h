@@ -61,12 +61,19 @@ struct ClientOptions {
   // cannot load it or import the daemon's memory registers again asking for memfd pools
   // (registration.pool_memory = POOL_MEMORY_CUDA_VMM makes that an error instead).
   std::string cuda_library = "libcuda.so.1";
+  // The uid kvtierd runs as (docs/security.md, "Who answers"). The client talks only to a daemon
+  // of that uid (or root): every memory-channel connection's peer (SO_PEERCRED), and the gRPC
+  // socket file's owner and its directory (writable by nobody else) are checked, and every
+  // extent descriptor's type, size and seals before it is mapped. -1: $KVTIER_DAEMON_UID (a uid
+  // or a user name), else root, this process's uid and the `kvtier` system user's.
+  int64_t daemon_uid = -1;
 };
 
 // Asks the memory channel beside the unix socket at `address` for a ticket (what
 // RegisterWorker and an operator's GetStatus need). PERMISSION_DENIED names the rule when the
-// caller's uid may not register.
-absl::StatusOr<v1::ChannelReply> ChannelHello(const std::string& address);
+// caller's uid may not register; UNAUTHENTICATED names the uid found when the channel is not
+// answered by the daemon's (`daemon_uid` as in ClientOptions).
+absl::StatusOr<v1::ChannelReply> ChannelHello(const std::string& address, int64_t daemon_uid = -1);
 
 // This worker's memory of one pool: a reserved address range into which the daemon's extents
 // are mapped back to back as plans need them (docs/shm-abi.md). The mapping stays valid for as

@@ -37,6 +37,12 @@ class ExtentMappingTest : public ::testing::TestWithParam<std::string> {
     return plan.ok() ? plan->ddr_extents() : 0;
   }
 
+  // The fake daemon runs in this process, as this uid: the default set takes it.
+  static const edge::DaemonUids& Daemon() {
+    static const edge::DaemonUids* daemon = new edge::DaemonUids(*edge::ResolveDaemonUids(-1));
+    return *daemon;
+  }
+
   const v1::PoolDescriptor& Ddr() const { return worker_->registration().pools(0); }
 
   absl::StatusOr<std::shared_ptr<ExtentMapping>> Map() {
@@ -59,8 +65,8 @@ TEST_P(ExtentMappingTest, TwoMappingsOfOnePoolShareItsBytesAndSayHowTheyAreMappe
   auto a = Map();
   auto b = Map();
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  ASSERT_TRUE((*a)->Grow(n, path_, worker_->secret()).ok());
-  ASSERT_TRUE((*b)->Grow(n, path_, worker_->secret()).ok());
+  ASSERT_TRUE((*a)->Grow(n, path_, worker_->secret(), Daemon()).ok());
+  ASSERT_TRUE((*b)->Grow(n, path_, worker_->secret(), Daemon()).ok());
   EXPECT_EQ((*a)->mapped_extents(), n);
   EXPECT_EQ((*a)->device_mapped(), vmm);
   const uint64_t last = uint64_t{n} * Ddr().extent_bytes() - 1;
@@ -83,7 +89,7 @@ TEST_P(VmmExtentMappingTest, AFailedImportNamesThePoolAndTheDriversErrorAndLeaks
   auto m = Map();
   ASSERT_TRUE(m.ok()) << m.status();
   fake_.FailNext("cuMemImportFromShareableHandle");
-  absl::Status s = (*m)->Grow(n, path_, worker_->secret());
+  absl::Status s = (*m)->Grow(n, path_, worker_->secret(), Daemon());
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("DDR pool extent 0: cuMemImportFromShareableHandle"),
             std::string::npos)

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "daemon/service/service.h"
@@ -21,7 +22,11 @@ namespace dt = ::kvtier::daemon::testing;
 class WorkerClientVmmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat(::testing::TempDir(), "/wc-", getpid(), ".sock");
+    // A directory of its own: the client refuses a socket in one others may write (/tmp).
+    std::string dir = absl::StrCat(::testing::TempDir(), "/wc-XXXXXX");
+    ASSERT_NE(mkdtemp(dir.data()), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/kvtierd.sock";
     ASSERT_NO_FATAL_FAILURE(daemon_.Start("cuda_vmm", edge::ChannelPathFor(socket_)));
     env_ = daemon_.env.get();
     service_ = std::make_unique<daemon::KvTierService>(env_->core.get(), daemon::PolicyDefaults{});
@@ -34,6 +39,8 @@ class WorkerClientVmmTest : public ::testing::Test {
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown();
     unlink(socket_.c_str());
+    unlink(edge::ChannelPathFor(socket_).c_str());
+    rmdir(dir_.c_str());
   }
 
   ClientOptions Client(v1::PoolMemory want) const {
@@ -55,7 +62,7 @@ class WorkerClientVmmTest : public ::testing::Test {
   FakeCudaDriver fake_;  // first: outlives the daemon
   testing::FakeVmmDaemon daemon_;
   dt::Env* env_ = nullptr;
-  std::string socket_;
+  std::string dir_, socket_;
   std::unique_ptr<daemon::KvTierService> service_;
   std::unique_ptr<grpc::Server> server_;
 };

@@ -21,9 +21,42 @@ TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   EXPECT_EQ(parsed->server.unread_timeout, built_in.server.unread_timeout);
   EXPECT_EQ(parsed->server.heartbeat_priority, built_in.server.heartbeat_priority);
   EXPECT_EQ(parsed->server.snapshot_priority, built_in.server.snapshot_priority);
+  EXPECT_EQ(parsed->server.channel_connections, built_in.server.channel_connections);
+  EXPECT_EQ(parsed->server.channel_connections_per_uid,
+            built_in.server.channel_connections_per_uid);
+  EXPECT_EQ(parsed->server.channel_request_timeout, built_in.server.channel_request_timeout);
   EXPECT_EQ(parsed->core.pool_backend, built_in.core.pool_backend);
   EXPECT_EQ(parsed->core.numa_node, built_in.core.numa_node);
   EXPECT_EQ(parsed->core.cuda_library, built_in.core.cuda_library);
+  EXPECT_EQ(parsed->core.max_worker_entries, built_in.core.max_worker_entries);
+  EXPECT_EQ(parsed->core.max_node_entries, built_in.core.max_node_entries);
+  EXPECT_TRUE(parsed->core.links.empty());
+}
+
+TEST(ConfigTest, ReadsEntryBudgetsAndTheOperatorsLinkTable) {
+  auto c = ParseConfig(R"(
+[limits]
+max_worker_entries = 4096
+max_node_entries = 65536
+[links]
+sw0 = { bytes_per_second = 5.5e10, numa_node = 1 }
+"0000:3a:00.0" = { bytes_per_second = 25000000000 }
+)",
+                       "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->core.max_worker_entries, 4096u);
+  EXPECT_EQ(c->core.max_node_entries, 65536u);
+  ASSERT_EQ(c->core.links.size(), 2u);
+  for (const LinkEntry& l : c->core.links) {
+    if (l.id == "sw0") {
+      EXPECT_DOUBLE_EQ(l.bytes_per_second, 5.5e10);
+      EXPECT_EQ(l.numa_node, 1u);
+    } else {
+      EXPECT_EQ(l.id, "0000:3a:00.0");
+      EXPECT_DOUBLE_EQ(l.bytes_per_second, 2.5e10);
+      EXPECT_EQ(l.numa_node, 0u);
+    }
+  }
 }
 
 TEST(ConfigTest, ReadsEveryPoolBackendAndANumaNode) {
@@ -47,6 +80,9 @@ log_level = "debug"
 unread_timeout_ms = 0
 heartbeat_priority = 0
 snapshot_priority = 2
+channel_connections = 100
+channel_connections_per_uid = 8
+channel_request_timeout_ms = 250
 [pools]
 ddr_mib = 64
 mode = "0600"
@@ -66,6 +102,9 @@ evict_ratio = 0.03
   EXPECT_EQ(c->server.unread_timeout, absl::ZeroDuration());
   EXPECT_EQ(c->server.heartbeat_priority, 0);
   EXPECT_EQ(c->server.snapshot_priority, 2);
+  EXPECT_EQ(c->server.channel_connections, 100);
+  EXPECT_EQ(c->server.channel_connections_per_uid, 8);
+  EXPECT_EQ(c->server.channel_request_timeout, absl::Milliseconds(250));
   EXPECT_EQ(c->core.ddr_pool_bytes, 64ull << 20);
   EXPECT_EQ(c->core.shm_mode, 0600u);
   EXPECT_EQ(c->core.security.allow_uids, (std::vector<uint32_t>{1000, 1001}));
@@ -109,12 +148,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[security]\nallow_uids = [\"root\"]\n", "security.allow_uids"},
         BadCase{"[security]\noperator_uids = 0\n", "security.operator_uids"},
         BadCase{"[limits]\nmax_snapshot_entries = 0\n", "max_snapshot_entries"},
+        BadCase{"[limits]\nmax_worker_entries = 0\n", "limits.max_worker_entries"},
+        BadCase{"[limits]\nmax_node_entries = -1\n", "limits.max_node_entries"},
+        BadCase{"[links]\nsw0 = 5\n", "links.\"sw0\" must be a table"},
+        BadCase{"[links]\nsw0 = { bytes_per_second = 0 }\n", "bytes_per_second = 0"},
+        BadCase{"[links]\nsw0 = { bytes_per_second = 1e9, numa_node = 1024 }\n",
+                "numa_node = 1024"},
+        BadCase{"[links]\nsw0 = { numa_node = 0 }\n", "needs bytes_per_second"},
+        BadCase{"[links]\nsw0 = { bytes_per_second = 1e9, speed = 1 }\n", "speed"},
         BadCase{"[policy]\nhbm_ratio = 1.5\n", "policy.hbm_ratio"},
         BadCase{"[policy]\nevict_ratio = 0.6\ncompress_ratio = 0.6\n", "exceeds 1"},
         BadCase{"[server]\nlog_level = \"loud\"\n", "server.log_level"},
         BadCase{"[server]\nunread_timeout_ms = -1\n", "server.unread_timeout_ms"},
         BadCase{"[server]\nheartbeat_priority = 100\n", "server.heartbeat_priority = 100"},
         BadCase{"[server]\nsnapshot_priority = -1\n", "server.snapshot_priority = -1"},
+        BadCase{"[server]\nchannel_connections_per_uid = 0\n",
+                "server.channel_connections_per_uid = 0"},
+        BadCase{"[server]\nchannel_request_timeout_ms = 5\n",
+                "server.channel_request_timeout_ms = 5"},
         BadCase{"socket = \"/x\"\n", "socket"}, BadCase{"[server\n", "bad.toml:1"}));
 
 TEST(ConfigTest, ErrorsCarryTheLineNumber) {

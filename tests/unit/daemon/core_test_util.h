@@ -104,8 +104,12 @@ class SimWorker {
   SimWorker(DaemonCore* core, uint32_t groups = 1) : SimWorker(core, WorkerRequest(groups)) {}
   // Registers `request` (its geometry's layer_groups are the worker's).
   SimWorker(DaemonCore* core, const v1::RegisterWorkerRequest& request)
+      : SimWorker(core, request, SelfPeer()) {}
+  // Registers `request` as `peer` says the kernel named it at the channel hello.
+  SimWorker(DaemonCore* core, v1::RegisterWorkerRequest request, const edge::PeerCredentials& peer)
       : core_(core), groups_(request.geometry().layer_groups()) {
-    auto r = Register(core, request);
+    request.set_channel_ticket(Ticket(core, peer));
+    auto r = core->RegisterWorker(request);
     EXPECT_TRUE(r.ok()) << r.status();
     if (r.ok()) resp_ = *r;
   }

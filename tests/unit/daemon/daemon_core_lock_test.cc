@@ -139,5 +139,50 @@ TEST(DaemonCoreLockTest, ResubmissionDuringADecisionGetsTheSamePlan) {
   EXPECT_TRUE(env.core->CheckInvariants().ok()) << env.core->CheckInvariants();
 }
 
+// Issue 31, row 8: a snapshot's validation and growth run under the core's lock; leases have a
+// lock of their own, so heartbeats (gRPC and channel) complete while a snapshot holds it, and a
+// lease that lapses meanwhile is refused by the heartbeat and freed by the reaper.
+TEST(DaemonCoreLockTest, HeartbeatsCompleteWhileASnapshotHoldsTheCoreLock) {
+  FakeClock clock;
+  absl::Notification entered, release;
+  std::atomic<uint64_t> held_sequence{0};
+  bool released_in_time = false;
+  internal::CoreHooks hooks;
+  hooks.holding_core_lock = [&](uint64_t sequence_id) {
+    if (sequence_id != held_sequence.load()) return;
+    entered.Notify();
+    released_in_time = release.WaitForNotificationWithTimeout(kDeadlockBreaker);
+  };
+  internal::DaemonCoreImpl core(SmallOptions(), &clock, nullptr, /*epoch=*/7, std::move(hooks));
+  SimWorker a(&core), b(&core), lapsing(&core);
+  auto seq = a.Open(16, Policy("hierarchy", 0.5, 0.0, 0.0));
+  ASSERT_TRUE(seq.ok());
+  held_sequence = *seq;
+  absl::StatusOr<v1::TierPlan> plan;
+  std::thread snapshot([&] { plan = a.Snapshot(*seq, 640, RampScores(40)); });
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(kDeadlockBreaker));
+
+  EXPECT_TRUE(b.Heartbeat().ok());
+  v1::HeartbeatRequest beat = b.Signed(v1::HeartbeatRequest());
+  beat.set_daemon_epoch(7);
+  EXPECT_TRUE(core.ChannelHeartbeat(SelfPeer(), beat).ok());
+  beat.set_session_secret("wrong");
+  EXPECT_EQ(core.Heartbeat(beat).status().code(), absl::StatusCode::kPermissionDenied);
+  // `lapsing` stays silent past its TTL while `b` keeps beating: its heartbeat finds the lease
+  // expired, and nothing renews it afterwards.
+  clock.Advance(absl::Seconds(6));
+  EXPECT_TRUE(b.Heartbeat().ok());
+  clock.Advance(absl::Seconds(5));
+  EXPECT_TRUE(b.Heartbeat().ok());
+  EXPECT_EQ(lapsing.Heartbeat().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(lapsing.Heartbeat().code(), absl::StatusCode::kFailedPrecondition);
+  release.Notify();
+  snapshot.join();
+  EXPECT_TRUE(released_in_time) << "a heartbeat waited for the snapshot under the core's lock";
+  EXPECT_EQ(core.ReapExpired(), 2) << "`lapsing`, and `a`, silent for 11 s";
+  EXPECT_TRUE(b.Heartbeat().ok());
+  EXPECT_TRUE(core.CheckInvariants().ok()) << core.CheckInvariants();
+}
+
 }  // namespace
 }  // namespace kvtier::daemon::testing

@@ -255,5 +255,40 @@ TEST_F(ValidationTest, AckAndCloseRejectBadIds) {
   ExpectStillServing();
 }
 
+// Issue 31, row 6: the entries a worker's and the node's sequences hold are budgeted, so one
+// worker's maximum-size snapshots on many sequences cannot grow the daemon's heap without bound.
+// A refusal names the limit, the value and the ceiling; closing a sequence gives entries back.
+TEST(EntryBudgetTest, SnapshotsPastTheWorkerOrNodeBudgetAreRefusedNamingTheLimit) {
+  CoreOptions o = testing::SmallOptions();
+  o.max_worker_entries = 100;
+  o.max_node_entries = 150;
+  Env env(o);
+  SimWorker a(env.core.get()), b(env.core.get());
+  const v1::PolicyConfig full = Policy("full", 1.0, 0.0, 0.0);
+  auto s1 = a.Open(16, full), s2 = a.Open(16, full), s3 = b.Open(16, full);
+  ASSERT_TRUE(s1.ok() && s2.ok() && s3.ok());
+  auto p1 = a.Snapshot(*s1, 64 * 16, RampScores(64));  // 64 entries held
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  ASSERT_TRUE(a.Ack(*p1, true).ok());
+  auto p2 = a.Snapshot(*s2, 40 * 16, RampScores(40));  // 104 > 100
+  ASSERT_FALSE(p2.ok());
+  EXPECT_EQ(p2.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(p2.status().message().find("limits.max_worker_entries (100)"), std::string::npos)
+      << p2.status();
+  EXPECT_NE(p2.status().message().find("would hold 104"), std::string::npos) << p2.status();
+  auto p3 = b.Snapshot(*s3, 90 * 16, RampScores(90));  // 64 + 90 > 150 on the node
+  ASSERT_FALSE(p3.ok());
+  EXPECT_EQ(p3.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(p3.status().message().find("limits.max_node_entries (150)"), std::string::npos)
+      << p3.status();
+  // A sequence closed gives its entries back; a grown one may still grow within the budget.
+  v1::CloseSequenceRequest close = a.Signed(v1::CloseSequenceRequest());
+  close.set_sequence_id(*s1);
+  ASSERT_TRUE(env.core->CloseSequence(close).ok());
+  auto again = b.Snapshot(*s3, 90 * 16, RampScores(90));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(testing::CoreInvariants(env.core.get()).ok());
+}
+
 }  // namespace
 }  // namespace kvtier::daemon

@@ -112,9 +112,11 @@ TEST(LinkDeclarationTest, OneLinkIdOnTwoNumaNodesIsRefusedAndTheFirstWorkerKeeps
       testing::Register(env.core.get(), LinkedRequest("sw0", 50e9, 1 << 20, 2, /*numa=*/1));
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(second.status().message().find("link.numa_node 1 differs from worker"),
+  EXPECT_NE(second.status().message().find("link.numa_node 1 differs from NUMA node 0"),
             std::string::npos)
       << second.status();
+  EXPECT_EQ(second.status().message().find("worker "), std::string::npos)
+      << "names another worker: " << second.status();
   EXPECT_TRUE(first.Heartbeat().ok());
   // Another link on node 1 is fine.
   EXPECT_TRUE(testing::Register(env.core.get(), LinkedRequest("sw1", 50e9, 1 << 20, 2, 1)).ok());
@@ -298,6 +300,54 @@ TEST(DaemonScheduleTest, ALinkChangesNoTierAndNoEviction) {
     ASSERT_TRUE(a.Ack(*pa, true).ok());
     ASSERT_TRUE(b.Ack(*pb, true).ok());
   }
+}
+
+// The grant of `w`'s first plan on a fresh sequence of 1024 tokens (candidates in T1).
+double FirstGrant(SimWorker& w) {
+  auto seq = w.Open(32, testing::Policy("hierarchy", 0.3, 0.0, 0.0));
+  EXPECT_TRUE(seq.ok()) << seq.status();
+  if (!seq.ok()) return -1;
+  auto plan = w.Snapshot(*seq, 1024, testing::RampScores(64));
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok() || !plan->has_schedule()) return -1;
+  return plan->schedule().h2d_bytes_per_second();
+}
+
+// Row 10 of issue 31: a link_id is one tenant's word. Another uid declaring the same link_id on
+// another NUMA node, or at 1 B/s, neither refuses a worker nor lowers its grant.
+TEST(LinkDeclarationTest, AnotherUidsDeclarationOfALinkNeitherRefusesNorThrottles) {
+  Env alone(SmallOptions(32ull << 20, 8ull << 20)), squatted(SmallOptions(32ull << 20, 8ull << 20));
+  const edge::PeerCredentials squatter{getuid() + 4242, getgid(), getpid(), {}};
+  SimWorker far(squatted.core.get(), LinkedRequest("sw0", 50e9, 0, 2, /*numa=*/3), squatter);
+  SimWorker slow(squatted.core.get(), LinkedRequest("sw1", 1, 0, 2, /*numa=*/0), squatter);
+  ASSERT_NE(far.id(), 0u);
+  ASSERT_NE(slow.id(), 0u);
+  absl::StatusOr<v1::RegisterWorkerResponse> on0 =
+      testing::Register(squatted.core.get(), LinkedRequest("sw0", 50e9, 0, 2, /*numa=*/0));
+  EXPECT_TRUE(on0.ok()) << on0.status();
+  SimWorker victim(squatted.core.get(), LinkedRequest("sw1", 50e9, 0, 2, 0));
+  SimWorker reference(alone.core.get(), LinkedRequest("sw1", 50e9, 0, 2, 0));
+  const double grant = FirstGrant(victim);
+  EXPECT_GT(grant, 1e6);
+  EXPECT_DOUBLE_EQ(grant, FirstGrant(reference)) << "the squatter changed the victim's grant";
+  EXPECT_DOUBLE_EQ(FirstGrant(slow), 1) << "a tenant's own figure still binds its own worker";
+}
+
+// An operator's [links] entry is the link: its bandwidth and NUMA node hold whatever workers
+// declare (a lower declaration caps only its own worker), and workers of every uid share it.
+TEST(LinkDeclarationTest, AnOperatorsLinkEntryOverridesDeclarationsAndIsSharedByAllUids) {
+  CoreOptions o = SmallOptions(32ull << 20, 8ull << 20);
+  o.links = {LinkEntry{"sw0", 2e7, 1}};
+  Env env(o);
+  const edge::PeerCredentials other{getuid() + 4242, getgid(), getpid(), {}};
+  SimWorker slow(env.core.get(), LinkedRequest("sw0", 1, 0, 2, /*numa=*/5), other);
+  SimWorker fast(env.core.get(), LinkedRequest("sw0", 1e12, 0, 2, /*numa=*/0));
+  ASSERT_NE(slow.id(), 0u) << "its NUMA node is the table's, not a reason to refuse";
+  ASSERT_NE(fast.id(), 0u);
+  EXPECT_DOUBLE_EQ(FirstGrant(slow), 1);
+  const double grant = FirstGrant(fast);
+  EXPECT_GT(grant, 1e6);
+  EXPECT_LE(grant, 2e7) << "the table's bandwidth, not the declared 1e12";
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Schema-free checks of the deployment files: every YAML parses, and the Kubernetes manifests
-keep the properties kvtierd needs (shared IPC, the socket on a hostPath, memlock, a liveness
-probe through kvtierctl, resources). The ConfigMap's kvtierd.toml goes through
+keep the properties kvtierd needs (the socket on a hostPath, a liveness probe through kvtierctl,
+resources) and the trust boundary (docs/security.md): no hostIPC, hostPID or privileged
+container anywhere; the daemon runs as a non-root uid that owns the socket directory; worker pods
+mount it read-only, run as neither root nor the daemon's uid, and name the daemon's uid in
+KVTIER_DAEMON_UID. The ConfigMap's kvtierd.toml goes through
 `kvtierd --check-config` when a built kvtierd is given, and deploy/prometheus.yml through
 `promtool check config` when promtool is installed.
 
@@ -36,9 +39,69 @@ def containers(pod_spec):
     return pod_spec.get("containers", [])
 
 
+def pod_spec(doc):
+    """The pod spec of a Pod or of a workload's template; None for other kinds."""
+    if doc.get("kind") == "Pod":
+        return doc.get("spec", {})
+    return doc.get("spec", {}).get("template", {}).get("spec")
+
+
+def run_as(pod, c, key):
+    return c.get("securityContext", {}).get(key, pod.get("securityContext", {}).get(key))
+
+
+def check_no_host_namespaces(doc, path):
+    """No pod shares the host's IPC or pid namespace, and no container is privileged: the pools
+    are memfds passed over the memory channel, nothing needs them."""
+    pod = pod_spec(doc)
+    if pod is None:
+        return
+    name = doc.get("metadata", {}).get("name")
+    for key in ("hostIPC", "hostPID"):
+        check(not pod.get(key), f"{path}: {name} sets {key}: true")
+    for c in pod.get("initContainers", []) + containers(pod):
+        sc = c.get("securityContext", {})
+        check(sc.get("privileged") is not True, f"{path}: {name}/{c['name']} is privileged")
+        check(sc.get("allowPrivilegeEscalation") is False,
+              f"{path}: {name}/{c['name']} needs allowPrivilegeEscalation: false")
+
+
+def socket_volumes(pod):
+    return [v["name"] for v in pod.get("volumes", [])
+            if v.get("hostPath", {}).get("path") == "/run/kvtier"]
+
+
+def daemon_uid(ds):
+    spec = ds["spec"]["template"]["spec"]
+    daemon = [c for c in containers(spec) if c["name"] == "kvtierd"]
+    return run_as(spec, daemon[0], "runAsUser") if daemon else None
+
+
+def check_worker(doc, path, uid_of_daemon):
+    """A pod that mounts the socket directory and is not the daemon's: a worker."""
+    pod = pod_spec(doc)
+    name = doc.get("metadata", {}).get("name")
+    vols = socket_volumes(pod)
+    for c in containers(pod):
+        mounts = [m for m in c.get("volumeMounts", []) if m["name"] in vols]
+        if not mounts:
+            continue
+        for m in mounts:
+            check(m.get("readOnly") is True,
+                  f"{path}: {name}/{c['name']} must mount the socket directory readOnly: true")
+        uid = run_as(pod, c, "runAsUser")
+        check(run_as(pod, c, "runAsNonRoot") is True and uid not in (None, 0),
+              f"{path}: {name}/{c['name']} must run as a non-root uid (runAsNonRoot, runAsUser)")
+        check(uid != uid_of_daemon,
+              f"{path}: {name}/{c['name']} must not run as the daemon's uid {uid_of_daemon}")
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        check(env.get("KVTIER_DAEMON_UID") == str(uid_of_daemon),
+              f"{path}: {name}/{c['name']} needs KVTIER_DAEMON_UID={uid_of_daemon}, "
+              f"has {env.get('KVTIER_DAEMON_UID')}")
+
+
 def check_daemonset(ds, path):
     spec = ds["spec"]["template"]["spec"]
-    check(spec.get("hostIPC") is True, f"{path}: DaemonSet needs hostIPC: true (pools in /dev/shm)")
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", [])
                   if "hostPath" in v}
     check("/run/kvtier" in host_paths.values(), f"{path}: /run/kvtier must be a hostPath volume")
@@ -52,22 +115,38 @@ def check_daemonset(ds, path):
     check(socket_vol and mounts.get(socket_vol[0]) == "/run/kvtier",
           f"{path}: kvtierd must mount the socket hostPath at /run/kvtier")
     sc = c.get("securityContext", {})
-    caps = sc.get("capabilities", {}).get("add", [])
-    check("IPC_LOCK" in caps or sc.get("privileged") is True,
-          f"{path}: kvtierd needs IPC_LOCK (or privileged) for memlock")
-    # Kubernetes sets no ambient capabilities: an added one is effective only for uid 0.
-    uid = sc.get("runAsUser", spec.get("securityContext", {}).get("runAsUser"))
-    check(sc.get("privileged") is True or uid == 0,
-          f"{path}: IPC_LOCK is effective only for runAsUser: 0 (got {uid})")
-    check(sc.get("allowPrivilegeEscalation") is False, f"{path}: allowPrivilegeEscalation: false")
+    uid = run_as(spec, c, "runAsUser")
+    check(run_as(spec, c, "runAsNonRoot") is True and uid not in (None, 0),
+          f"{path}: kvtierd must run as a dedicated non-root uid (runAsNonRoot, runAsUser: {uid})")
+    check(sc.get("capabilities", {}).get("drop") == ["ALL"] and
+          not sc.get("capabilities", {}).get("add"),
+          f"{path}: kvtierd needs no capability: drop ALL, add none")
+    # The socket directory must be the daemon's, writable by nobody else.
+    init = [i for i in spec.get("initContainers", [])
+            if any(m["name"] in socket_vol for m in i.get("volumeMounts", []))]
+    check(any("install" in i.get("command", []) and "-o" in i["command"] and
+              i["command"][i["command"].index("-o") + 1] == str(uid) and
+              i["command"][i["command"].index("-m") + 1] == "0750" for i in init),
+          f"{path}: an init container must give /run/kvtier to uid {uid}, mode 0750")
+    for i in init:
+        caps = set(i.get("securityContext", {}).get("capabilities", {}).get("add", []))
+        check(caps <= {"CHOWN", "FOWNER"}, f"{path}: {i['name']} may add CHOWN, FOWNER only")
     limits = c.get("resources", {}).get("limits", {})
     requests = c.get("resources", {}).get("requests", {})
     check("memory" in limits and "memory" in requests, f"{path}: memory requests and limits")
-    probe = c.get("livenessProbe", {}).get("exec", {}).get("command", [])
-    check(any(a.endswith("kvtierctl") for a in probe) and "status" in probe,
-          f"{path}: livenessProbe must run kvtierctl status, got {probe}")
-    check("--socket" in probe and "/run/kvtier/kvtierd.sock" in probe,
-          f"{path}: the liveness probe must name the socket")
+    # The probes see what workers see: `kvtierctl health` (the channel and gRPC), not `status`
+    # (gRPC alone), with a deadline per check that fits the probe's own timeout.
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        p = c.get(kind, {})
+        probe = p.get("exec", {}).get("command", [])
+        check(any(a.endswith("kvtierctl") for a in probe) and "health" in probe,
+              f"{path}: {kind} must run kvtierctl health, got {probe}")
+        check("--socket" in probe and "/run/kvtier/kvtierd.sock" in probe,
+              f"{path}: the {kind} must name the socket")
+        timeout = float(probe[probe.index("--timeout") + 1]) if "--timeout" in probe else 2.0
+        check(p.get("timeoutSeconds", 1) >= 3 * timeout,
+              f"{path}: {kind}.timeoutSeconds {p.get('timeoutSeconds', 1)} must cover three "
+              f"checks of --timeout {timeout} s")
 
 
 def check_configmap(cm, path, kvtierd):
@@ -122,6 +201,17 @@ def main():
         check(kind in kinds, f"deploy/k8s: no {kind}")
     for doc, path in kinds.get("DaemonSet", []):
         check_daemonset(doc, path)
+    uids = {daemon_uid(ds) for ds, _ in kinds.get("DaemonSet", [])}
+    workers = 0
+    for docs in kinds.values():
+        for doc, path in docs:
+            check_no_host_namespaces(doc, path)
+            pod = pod_spec(doc)
+            if doc.get("kind") != "DaemonSet" and pod is not None and socket_volumes(pod):
+                workers += 1
+                for uid in uids:
+                    check_worker(doc, path, uid)
+    check(workers > 0, "deploy/k8s: no example worker pod that mounts /run/kvtier")
     for doc, path in kinds.get("ConfigMap", []):
         check_configmap(doc, path, kvtierd)
     if not kvtierd:
