@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/kvtierctl/plan_command.h"
 #include "client/kvtierctl/table.h"
 #include "edge/health_probe.h"
 #include "edge/memory_channel.h"
@@ -173,7 +174,13 @@ int main(int argc, char** argv) {
                      "and a gRPC call, each with its own deadline; exit 1 names what failed")
       ->add_option("--timeout", health_timeout_s, "Seconds each check may take")
       ->capture_default_str();
+  ctl::PlanArgs plan_args;
+  CLI::App* plan = ctl::AddPlanCommand(app, &plan_args);
   CLI11_PARSE(app, argc, argv);
+  if (plan->parsed()) {
+    plan_args.json |= json;
+    return ctl::RunPlan(plan_args);
+  }
   const std::string command = app.get_subcommands()[0]->get_name();
   if (command == "health") {
     if (!address.empty()) {
