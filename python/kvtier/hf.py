@@ -28,6 +28,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.modeling_utils import PreTrainedModel
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kvtier import _native
@@ -280,20 +281,26 @@ class TieredCache(Cache):
             raise RuntimeError(
                 "TieredCache needs the model loaded with attn_implementation='kvtier' "
                 "(import kvtier.hf first): layer "
-                f"{layer - 1}'s attention did not run through kvtier"
+                f"{layer - 1}'s attention did not run through kvtier. A model whose attention "
+                "is not on transformers' AttentionInterface (Falcon, ...) cannot use it: load "
+                "it with attn_implementation='eager' and a DynamicCache (docs/python.md lists "
+                "the families that work)"
             )
         _pending.value = _Pending(self, layer, key_states)
         return key_states, value_states
 
-    def _open(self, module, batch: int, query_tokens: int, scaling: float) -> None:
+    def _open(self, module, query, key, scaling: float) -> None:
+        # Head counts and head_dim from the tensors: configs name them differently (GPT-NeoX has
+        # no num_key_value_heads) and some layers derive them (head_dim != hidden / heads).
+        batch, heads, query_tokens, head_dim = query.shape
         config = module.config
-        shape = (
-            int(config.num_hidden_layers),
-            int(config.num_attention_heads),
-            int(config.num_key_value_heads),
-            int(module.head_dim),
-            float(scaling),
-        )
+        layers = getattr(config, "num_hidden_layers", None)
+        if layers is None:
+            raise NotImplementedError(
+                f"TieredCache: {type(module).__name__}'s config "
+                f"({type(config).__name__}) has no num_hidden_layers"
+            )
+        shape = (int(layers), int(heads), int(key.shape[1]), int(head_dim), float(scaling))
         key = shape + (self.page_tokens, self.codec, self.daemon or "")
         if self.daemon is None:
             key += (self.local_ddr_bytes, self.local_compressed_bytes)
@@ -333,7 +340,7 @@ class TieredCache(Cache):
         if not self.sequences:
             if layer != 0:
                 raise RuntimeError(f"TieredCache: the first forward pass began at layer {layer}")
-            self._open(module, batch, n, scaling)
+            self._open(module, query, key, scaling)
         elif batch != len(self.sequences):
             raise ValueError(f"TieredCache holds {len(self.sequences)} rows; this call has {batch}")
         dtype = query.dtype
@@ -348,19 +355,74 @@ class TieredCache(Cache):
         return (out if dtype == torch.float32 else out.to(dtype)), None
 
 
+# Keywords transformers passes to attention functions that do not change what is computed here.
+_NEUTRAL_KWARGS = frozenset({
+    "position_ids", "cache_position", "use_cache", "output_attentions", "output_hidden_states",
+    "output_router_logits", "past_key_values", "past_key_value", "return_dict", "layer_idx",
+    "num_items_in_batch", "position_embeddings", "logits_to_keep", "is_causal", "cache",
+})
+
+
+def _model_name(module) -> str:
+    model_type = getattr(getattr(module, "config", None), "model_type", None) or "?"
+    return f"{type(module).__name__}, model_type {model_type!r}"
+
+
+def _refuse(module, feature: str) -> None:
+    raise NotImplementedError(
+        f"kvtier attention does not compute {feature} ({_model_name(module)}); nothing was "
+        "stored. Load the model with attn_implementation='eager' and a DynamicCache instead"
+    )
+
+
+def _check_call(module, query, key, value, dropout, kwargs) -> tuple[int, float]:
+    """Refuses, by name and before anything is stored, what kvtier's kernel does not compute;
+    returns the layer's (sliding window, softcap), 0 for none."""
+    if dropout and float(dropout) != 0.0:
+        _refuse(module, f"attention dropout ({dropout}, the model is in training mode)")
+    if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
+        _refuse(module, "non-causal (bidirectional) attention")
+    if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
+        _refuse(module, f"a value head_dim ({value.shape[-1]}) other than the query's "
+                        f"({query.shape[-1]})")
+    if query.shape[1] % key.shape[1] != 0:
+        _refuse(module, f"{query.shape[1]} query heads over {key.shape[1]} kv heads")
+    window = kwargs.pop("sliding_window", None)
+    softcap = kwargs.pop("softcap", None)
+    for name, value_ in kwargs.items():
+        if name in _NEUTRAL_KWARGS or value_ is None or value_ is False:
+            continue
+        _refuse(module, f"the attention keyword {name!r} (e.g. sinks / s_aux, packed sequences)")
+    window = int(window) if window is not None else 0
+    softcap = float(softcap) if softcap is not None else 0.0
+    if window < 0 or not 0.0 <= softcap < float("inf"):
+        raise ValueError(f"kvtier attention: sliding_window={window}, softcap={softcap} "
+                         f"({_model_name(module)})")
+    return window, softcap
+
+
 def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The ``"kvtier"`` attention implementation: a TieredCache's layers attend through kvtier;
     anything else (no cache, another cache class) falls back to transformers' eager attention."""
     pending = getattr(_pending, "value", None)
-    if pending is None or pending.key is not key:
+    if pending is not None and pending.key is key:
+        _pending.value = None  # consumed, whether this call attends or is refused
+    else:
+        pending = None
+    window, softcap = _check_call(module, query, key, value, dropout, dict(kwargs))
+    if softcap:
+        _refuse(module, f"attention logit softcapping (softcap={softcap})")
+    if window and key.shape[2] > window:
+        _refuse(module, f"an active sliding window (sliding_window={window} < "
+                        f"{key.shape[2]} positions)")
+    if pending is None:
         if attention_mask is None and query.shape[2] > 1:  # kvtier_mask builds none: causal here
             q, kv = query.shape[2], key.shape[2]
             attention_mask = torch.full((q, kv), torch.finfo(query.dtype).min, dtype=query.dtype,
                                         device=query.device).triu(kv - q + 1)[None, None]
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)
-    _pending.value = None
     if scaling is None:
-        scaling = module.head_dim**-0.5
+        scaling = query.shape[-1] ** -0.5
     return pending.cache._attend(module, pending.layer, query, key, value, attention_mask, scaling)
 
 
@@ -376,5 +438,22 @@ def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     return None
 
 
+_check_attn_implementation = PreTrainedModel._check_and_adjust_attn_implementation
+
+
+def _kvtier_checked_attn_implementation(self, attn_implementation, *args, **kwargs):
+    """At load: a model whose attention is not on AttentionInterface would fail deep inside its
+    __init__ (Falcon: KeyError 'kvtier'); say which model and what to use instead."""
+    if attn_implementation == ATTN_IMPLEMENTATION and not type(self).is_backend_compatible():
+        raise NotImplementedError(
+            f"{type(self).__name__}: its attention is not on transformers' AttentionInterface, "
+            "so attn_implementation='kvtier' cannot reach it and TieredCache cannot hold its KV. "
+            "Load it with attn_implementation='eager' (or 'sdpa') and a DynamicCache; "
+            "docs/python.md lists the families that work"
+        )
+    return _check_attn_implementation(self, attn_implementation, *args, **kwargs)
+
+
+PreTrainedModel._check_and_adjust_attn_implementation = _kvtier_checked_attn_implementation
 AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
 AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kvtier_mask)
