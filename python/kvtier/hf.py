@@ -20,6 +20,7 @@ CPU tensors; the GPU path is the CUDA backend's.
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -29,7 +30,6 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_utils import PreTrainedModel
-from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kvtier import _native
 
@@ -330,7 +330,7 @@ class TieredCache(Cache):
         )
         self.sequences = [open_row(row) for row in range(batch)]
 
-    def _attend(self, module, layer: int, query, key, value, attention_mask, scaling):
+    def _attend(self, module, layer: int, query, key, value, scaling, window, softcap):
         if query.device.type != "cpu":
             raise TypeError(
                 f"TieredCache: the query is on {query.device}; kvtier's CPU kernel reads host "
@@ -351,7 +351,7 @@ class TieredCache(Cache):
             v = value[row].detach().transpose(0, 1).to(torch.float32).contiguous()
             seq.append(layer, k, v)
             q = query[row].detach().transpose(0, 1).to(torch.float32).contiguous()
-            seq.attend(layer, q, out[row])
+            seq.attend(layer, q, out[row], window=window, softcap=softcap)
         return (out if dtype == torch.float32 else out.to(dtype)), None
 
 
@@ -410,20 +410,32 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
     else:
         pending = None
     window, softcap = _check_call(module, query, key, value, dropout, dict(kwargs))
-    if softcap:
-        _refuse(module, f"attention logit softcapping (softcap={softcap})")
-    if window and key.shape[2] > window:
-        _refuse(module, f"an active sliding window (sliding_window={window} < "
-                        f"{key.shape[2]} positions)")
-    if pending is None:
-        if attention_mask is None and query.shape[2] > 1:  # kvtier_mask builds none: causal here
-            q, kv = query.shape[2], key.shape[2]
-            attention_mask = torch.full((q, kv), torch.finfo(query.dtype).min, dtype=query.dtype,
-                                        device=query.device).triu(kv - q + 1)[None, None]
-        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    return pending.cache._attend(module, pending.layer, query, key, value, attention_mask, scaling)
+    if pending is None:
+        return _eager(module, query, key, value, scaling, window, softcap)
+    return pending.cache._attend(module, pending.layer, query, key, value, scaling, window, softcap)
+
+
+def _eager(module, query, key, value, scaling, window: int, softcap: float):
+    """No TieredCache: eager attention with the mask kvtier_mask does not build (causal, the
+    queries are the last positions, and the window) and the softcap, as the kernel computes."""
+    q, kv = query.shape[2], key.shape[2]
+    query_pos = torch.arange(kv - q, kv, device=query.device)[:, None]
+    key_pos = torch.arange(kv, device=query.device)[None, :]
+    allowed = key_pos <= query_pos
+    if window:
+        allowed &= key_pos > query_pos - window
+    mask = torch.zeros((q, kv), dtype=query.dtype, device=query.device)
+    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap:
+        weights = torch.tanh(weights / softcap) * softcap
+    weights = torch.softmax(weights + mask, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -441,10 +453,17 @@ def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
 _check_attn_implementation = PreTrainedModel._check_and_adjust_attn_implementation
 
 
+def _on_attention_interface(cls) -> bool:
+    # The class flag is missing on some models that do call the interface (StableLM): their
+    # modeling module importing ALL_ATTENTION_FUNCTIONS says so too.
+    module = sys.modules.get(cls.__module__)
+    return cls.is_backend_compatible() or hasattr(module, "ALL_ATTENTION_FUNCTIONS")
+
+
 def _kvtier_checked_attn_implementation(self, attn_implementation, *args, **kwargs):
     """At load: a model whose attention is not on AttentionInterface would fail deep inside its
-    __init__ (Falcon: KeyError 'kvtier'); say which model and what to use instead."""
-    if attn_implementation == ATTN_IMPLEMENTATION and not type(self).is_backend_compatible():
+    __init__ (Falcon, Bloom, MPT: KeyError 'kvtier'); say which model and what to use instead."""
+    if attn_implementation == ATTN_IMPLEMENTATION and not _on_attention_interface(type(self)):
         raise NotImplementedError(
             f"{type(self).__name__}: its attention is not on transformers' AttentionInterface, "
             "so attn_implementation='kvtier' cannot reach it and TieredCache cannot hold its KV. "
