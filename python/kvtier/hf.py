@@ -9,7 +9,9 @@
 Each layer's post-RoPE K/V goes into one kvtier ``TieredSequence`` (T0 in the runtime's arena,
 T1/T2 in the daemon's pools or local ones); the ``"kvtier"`` attention implementation attends
 over T0 ∪ T1 (and dequantized T2) with kvtier's kernel, in position order, and accumulates the
-cumulative attention score that places the pages. Positions are never renumbered: an evicted
+cumulative attention score that places the pages. Each layer's sliding window and attention
+logit softcap are computed by the kernel; anything else it does not compute raises
+NotImplementedError by name (docs/python.md lists the model families that work). Positions are never renumbered: an evicted
 token keeps its place, so RoPE positions and ``cache_position`` stay those of the full sequence.
 
 Tested with the transformers version pinned in python/requirements.txt (docs/python.md says

@@ -194,3 +194,13 @@ def test_what_the_kernel_does_not_compute_is_refused_by_name_before_storing(kwar
     # The refused call consumed the hand-over: the next model is not blamed for it.
     model, _ = build("llama-gqa7")
     forward(model, prompt(model), TieredCache(policy="full"))
+
+
+def test_attention_sinks_of_gpt_oss_are_refused_by_name():
+    config = tf.GptOssConfig(**dict(_gqa(head_dim=16, sliding_window=WINDOW), intermediate_size=64),
+                             num_local_experts=4, num_experts_per_tok=2)
+    model = tf.GptOssForCausalLM._from_config(config, attn_implementation="kvtier").eval()
+    cache = TieredCache(policy="full")
+    with pytest.raises(NotImplementedError, match=r"'s_aux'.*GptOssAttention"):
+        forward(model, prompt(model), cache)
+    assert cache.sequences == []
