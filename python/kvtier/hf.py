@@ -11,8 +11,9 @@ T1/T2 in the daemon's pools or local ones); the ``"kvtier"`` attention implement
 over T0 ∪ T1 (and dequantized T2) with kvtier's kernel, in position order, and accumulates the
 cumulative attention score that places the pages. Each layer's sliding window and attention
 logit softcap are computed by the kernel; anything else it does not compute raises
-NotImplementedError by name (docs/python.md lists the model families that work). Positions are never renumbered: an evicted
-token keeps its place, so RoPE positions and ``cache_position`` stay those of the full sequence.
+NotImplementedError by name (docs/python.md lists the model families that work). Positions are
+never renumbered: an evicted token keeps its place, so RoPE positions and ``cache_position``
+stay those of the full sequence.
 
 Tested with the transformers version pinned in python/requirements.txt (docs/python.md says
 what a newer one needs). One kvtier sequence per batch row (rows of equal length: no padding),
