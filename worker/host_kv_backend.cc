@@ -163,6 +163,8 @@ absl::Status HostKvBackend::Attend(const AttendCall& call, StoreStats& stats) {
   p.num_kv_heads = g.num_kv_heads;
   p.head_dim = g.head_dim;
   p.scale = scale_;
+  p.window = call.mask.window;
+  p.softcap = call.mask.softcap;
   p.scratch = scratch_.data();
   p.runner = runner_;
   if (call.n == 1 && call.split) {

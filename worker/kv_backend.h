@@ -71,6 +71,13 @@ struct KvLayout {
   uint64_t CompressedSlotBytes(uint32_t group) const;
 };
 
+// What a model's layer restricts its attention by, beyond causality (kernels::AttentionParams'
+// window and softcap; 0 = none). The host backend computes both; a device refuses them.
+struct AttendMask {
+  uint32_t window = 0;
+  float softcap = 0.f;
+};
+
 // One Attend of one layer over the pages covering [0, length).
 struct AttendCall {
   uint32_t layer = 0;
@@ -87,6 +94,7 @@ struct AttendCall {
   const uint8_t* const* keep = nullptr;      // per kv head [length] keep masks, or null
   const uint8_t* ddr_base = nullptr;         // host memory of the T1 pool (null: none)
   const uint8_t* compressed_base = nullptr;  // host memory of the T2 pool (null: none)
+  AttendMask mask;                           // sliding window and softcap of the layer
 
   uint8_t InPlaceMark(uint32_t page) const { return page < in_place_pages ? in_place[page] : 0; }
 };

@@ -331,8 +331,23 @@ absl::Status TieredKvStore::PrepareAttend(uint32_t layer, const float* q, uint32
 
 absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                                    float* position_mass) {
+  return Attend(layer, q, n, out, position_mass, AttendMask{});
+}
+
+absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
+                                   float* position_mass, const AttendMask& mask) {
+  if ((mask.window != 0 || mask.softcap != 0.f) && !backend_->host_t0()) {
+    return absl::UnimplementedError(
+        absl::StrCat("a sliding window (", mask.window, ") or softcap (", mask.softcap,
+                     ") is computed by the host backend only, not on a device"));
+  }
+  if (!(mask.softcap >= 0.f) || std::isinf(mask.softcap)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("softcap ", mask.softcap, " must be finite and >= 0 (0 = none)"));
+  }
   AttendCall call;
   RETURN_IF_ERROR(PrepareAttend(layer, q, n, out, position_mass, &call));
+  call.mask = mask;
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(backend_->Attend(call, stats_));
   stats_.attend_nanos += NanosSince(start);

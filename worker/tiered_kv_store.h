@@ -125,6 +125,10 @@ class TieredKvStore final : public AttentionCache {
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
+  // The same with a sliding window and/or a softcap (AttendMask); UNIMPLEMENTED on a device
+  // backend when either is set.
+  absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out, float* position_mass,
+                      const AttendMask& mask);
   void SetTaskRunner(kernels::TaskRunner* runner) override { backend_->SetTaskRunner(runner); }
   // One decode query of `layer` per store (its last position), attended in one batch: on a
   // device backend one kernel for all of them, elsewhere one after the other, the same results

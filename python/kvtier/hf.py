@@ -9,8 +9,11 @@
 Each layer's post-RoPE K/V goes into one kvtier ``TieredSequence`` (T0 in the runtime's arena,
 T1/T2 in the daemon's pools or local ones); the ``"kvtier"`` attention implementation attends
 over T0 ∪ T1 (and dequantized T2) with kvtier's kernel, in position order, and accumulates the
-cumulative attention score that places the pages. Positions are never renumbered: an evicted
-token keeps its place, so RoPE positions and ``cache_position`` stay those of the full sequence.
+cumulative attention score that places the pages. Each layer's sliding window and attention
+logit softcap are computed by the kernel; anything else it does not compute raises
+NotImplementedError by name (docs/python.md lists the model families that work). Positions are
+never renumbered: an evicted token keeps its place, so RoPE positions and ``cache_position``
+stay those of the full sequence.
 
 Tested with the transformers version pinned in python/requirements.txt (docs/python.md says
 what a newer one needs). One kvtier sequence per batch row (rows of equal length: no padding),
@@ -20,6 +23,7 @@ CPU tensors; the GPU path is the CUDA backend's.
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.models.llama.modeling_llama import eager_attention_forward
+from transformers.modeling_utils import PreTrainedModel
 
 from kvtier import _native
 
@@ -280,20 +284,26 @@ class TieredCache(Cache):
             raise RuntimeError(
                 "TieredCache needs the model loaded with attn_implementation='kvtier' "
                 "(import kvtier.hf first): layer "
-                f"{layer - 1}'s attention did not run through kvtier"
+                f"{layer - 1}'s attention did not run through kvtier. A model whose attention "
+                "is not on transformers' AttentionInterface (Falcon, ...) cannot use it: load "
+                "it with attn_implementation='eager' and a DynamicCache (docs/python.md lists "
+                "the families that work)"
             )
         _pending.value = _Pending(self, layer, key_states)
         return key_states, value_states
 
-    def _open(self, module, batch: int, query_tokens: int, scaling: float) -> None:
+    def _open(self, module, query, key, scaling: float) -> None:
+        # Head counts and head_dim from the tensors: configs name them differently (GPT-NeoX has
+        # no num_key_value_heads) and some layers derive them (head_dim != hidden / heads).
+        batch, heads, query_tokens, head_dim = query.shape
         config = module.config
-        shape = (
-            int(config.num_hidden_layers),
-            int(config.num_attention_heads),
-            int(config.num_key_value_heads),
-            int(module.head_dim),
-            float(scaling),
-        )
+        layers = getattr(config, "num_hidden_layers", None)
+        if layers is None:
+            raise NotImplementedError(
+                f"TieredCache: {type(module).__name__}'s config "
+                f"({type(config).__name__}) has no num_hidden_layers"
+            )
+        shape = (int(layers), int(heads), int(key.shape[1]), int(head_dim), float(scaling))
         key = shape + (self.page_tokens, self.codec, self.daemon or "")
         if self.daemon is None:
             key += (self.local_ddr_bytes, self.local_compressed_bytes)
@@ -323,7 +333,7 @@ class TieredCache(Cache):
         )
         self.sequences = [open_row(row) for row in range(batch)]
 
-    def _attend(self, module, layer: int, query, key, value, attention_mask, scaling):
+    def _attend(self, module, layer: int, query, key, value, scaling, window, softcap):
         if query.device.type != "cpu":
             raise TypeError(
                 f"TieredCache: the query is on {query.device}; kvtier's CPU kernel reads host "
@@ -333,7 +343,7 @@ class TieredCache(Cache):
         if not self.sequences:
             if layer != 0:
                 raise RuntimeError(f"TieredCache: the first forward pass began at layer {layer}")
-            self._open(module, batch, n, scaling)
+            self._open(module, query, key, scaling)
         elif batch != len(self.sequences):
             raise ValueError(f"TieredCache holds {len(self.sequences)} rows; this call has {batch}")
         dtype = query.dtype
@@ -344,24 +354,91 @@ class TieredCache(Cache):
             v = value[row].detach().transpose(0, 1).to(torch.float32).contiguous()
             seq.append(layer, k, v)
             q = query[row].detach().transpose(0, 1).to(torch.float32).contiguous()
-            seq.attend(layer, q, out[row])
+            seq.attend(layer, q, out[row], window=window, softcap=softcap)
         return (out if dtype == torch.float32 else out.to(dtype)), None
+
+
+# Keywords transformers passes to attention functions that do not change what is computed here.
+_NEUTRAL_KWARGS = frozenset({
+    "position_ids", "cache_position", "use_cache", "output_attentions", "output_hidden_states",
+    "output_router_logits", "past_key_values", "past_key_value", "return_dict", "layer_idx",
+    "num_items_in_batch", "position_embeddings", "logits_to_keep", "is_causal", "cache",
+})
+
+
+def _model_name(module) -> str:
+    model_type = getattr(getattr(module, "config", None), "model_type", None) or "?"
+    return f"{type(module).__name__}, model_type {model_type!r}"
+
+
+def _refuse(module, feature: str) -> None:
+    raise NotImplementedError(
+        f"kvtier attention does not compute {feature} ({_model_name(module)}); nothing was "
+        "stored. Load the model with attn_implementation='eager' and a DynamicCache instead"
+    )
+
+
+def _check_call(module, query, key, value, dropout, kwargs) -> tuple[int, float]:
+    """Refuses, by name and before anything is stored, what kvtier's kernel does not compute;
+    returns the layer's (sliding window, softcap), 0 for none."""
+    if dropout and float(dropout) != 0.0:
+        _refuse(module, f"attention dropout ({dropout}, the model is in training mode)")
+    if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
+        _refuse(module, "non-causal (bidirectional) attention")
+    if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
+        _refuse(module, f"a value head_dim ({value.shape[-1]}) other than the query's "
+                        f"({query.shape[-1]})")
+    if query.shape[1] % key.shape[1] != 0:
+        _refuse(module, f"{query.shape[1]} query heads over {key.shape[1]} kv heads")
+    window = kwargs.pop("sliding_window", None)
+    softcap = kwargs.pop("softcap", None)
+    for name, value_ in kwargs.items():
+        if name in _NEUTRAL_KWARGS or value_ is None or value_ is False:
+            continue
+        _refuse(module, f"the attention keyword {name!r} (e.g. sinks / s_aux, packed sequences)")
+    window = int(window) if window is not None else 0
+    softcap = float(softcap) if softcap is not None else 0.0
+    if window < 0 or not 0.0 <= softcap < float("inf"):
+        raise ValueError(f"kvtier attention: sliding_window={window}, softcap={softcap} "
+                         f"({_model_name(module)})")
+    return window, softcap
 
 
 def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The ``"kvtier"`` attention implementation: a TieredCache's layers attend through kvtier;
     anything else (no cache, another cache class) falls back to transformers' eager attention."""
     pending = getattr(_pending, "value", None)
-    if pending is None or pending.key is not key:
-        if attention_mask is None and query.shape[2] > 1:  # kvtier_mask builds none: causal here
-            q, kv = query.shape[2], key.shape[2]
-            attention_mask = torch.full((q, kv), torch.finfo(query.dtype).min, dtype=query.dtype,
-                                        device=query.device).triu(kv - q + 1)[None, None]
-        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)
-    _pending.value = None
+    if pending is not None and pending.key is key:
+        _pending.value = None  # consumed, whether this call attends or is refused
+    else:
+        pending = None
+    window, softcap = _check_call(module, query, key, value, dropout, dict(kwargs))
     if scaling is None:
-        scaling = module.head_dim**-0.5
-    return pending.cache._attend(module, pending.layer, query, key, value, attention_mask, scaling)
+        scaling = query.shape[-1] ** -0.5
+    if pending is None:
+        return _eager(module, query, key, value, scaling, window, softcap)
+    return pending.cache._attend(module, pending.layer, query, key, value, scaling, window, softcap)
+
+
+def _eager(module, query, key, value, scaling, window: int, softcap: float):
+    """No TieredCache: eager attention with the mask kvtier_mask does not build (causal, the
+    queries are the last positions, and the window) and the softcap, as the kernel computes."""
+    q, kv = query.shape[2], key.shape[2]
+    query_pos = torch.arange(kv - q, kv, device=query.device)[:, None]
+    key_pos = torch.arange(kv, device=query.device)[None, :]
+    allowed = key_pos <= query_pos
+    if window:
+        allowed &= key_pos > query_pos - window
+    mask = torch.zeros((q, kv), dtype=query.dtype, device=query.device)
+    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap:
+        weights = torch.tanh(weights / softcap) * softcap
+    weights = torch.softmax(weights + mask, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
@@ -376,5 +453,29 @@ def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     return None
 
 
+_check_attn_implementation = PreTrainedModel._check_and_adjust_attn_implementation
+
+
+def _on_attention_interface(cls) -> bool:
+    # The class flag is missing on some models that do call the interface (StableLM): their
+    # modeling module importing ALL_ATTENTION_FUNCTIONS says so too.
+    module = sys.modules.get(cls.__module__)
+    return cls.is_backend_compatible() or hasattr(module, "ALL_ATTENTION_FUNCTIONS")
+
+
+def _kvtier_checked_attn_implementation(self, attn_implementation, *args, **kwargs):
+    """At load: a model whose attention is not on AttentionInterface would fail deep inside its
+    __init__ (Falcon, Bloom, MPT: KeyError 'kvtier'); say which model and what to use instead."""
+    if attn_implementation == ATTN_IMPLEMENTATION and not _on_attention_interface(type(self)):
+        raise NotImplementedError(
+            f"{type(self).__name__}: its attention is not on transformers' AttentionInterface, "
+            "so attn_implementation='kvtier' cannot reach it and TieredCache cannot hold its KV. "
+            "Load it with attn_implementation='eager' (or 'sdpa') and a DynamicCache; "
+            "docs/python.md lists the families that work"
+        )
+    return _check_attn_implementation(self, attn_implementation, *args, **kwargs)
+
+
+PreTrainedModel._check_and_adjust_attn_implementation = _kvtier_checked_attn_implementation
 AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
 AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kvtier_mask)

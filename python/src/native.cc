@@ -204,14 +204,15 @@ class Sequence {
   }
 
   void Attend(uint32_t layer, const nb::ndarray<>& q, const nb::ndarray<>& out,
-              const std::optional<nb::ndarray<>>& mass) {
+              const std::optional<nb::ndarray<>>& mass, uint32_t window, float softcap) {
     const int64_t h = shape_.num_q_heads, d = shape_.head_dim;
     const float* qp = CheckedFloats(q, "q", {-1, h, d});
     float* op = CheckedFloats(out, "out", {static_cast<int64_t>(q.shape(0)), h, d});
     ThrowIfError(CheckLayer(layer));
     float* mp = nullptr;
     if (mass.has_value()) mp = CheckedFloats(*mass, "mass", {Live()->Length(layer)});
-    ThrowIfError(Live()->Attend(layer, qp, static_cast<uint32_t>(q.shape(0)), op, mp));
+    ThrowIfError(Live()->Attend(layer, qp, static_cast<uint32_t>(q.shape(0)), op, mp,
+                                worker::AttendMask{window, softcap}));
   }
 
   uint32_t Length(uint32_t layer) const {
@@ -430,9 +431,12 @@ NB_MODULE(_native, m) {
       .def("append", &Sequence::Append, "layer"_a, "k"_a, "v"_a,
            "Stores post-RoPE K and V of n new tokens: float32 [n, kv_heads, head_dim].")
       .def("attend", &Sequence::Attend, "layer"_a, "q"_a, "out"_a, "mass"_a = nb::none(),
+           nb::kw_only(), "window"_a = 0, "softcap"_a = 0.f,
            "Causal attention of the last n appended positions of `layer` over every live "
            "position: q, out float32 [n, q_heads, head_dim]; mass, when given, float32 "
            "[length] receives each position's softmax weight summed over heads and queries. "
+           "window > 0: the query at position P attends only positions > P - window; "
+           "softcap > 0: scores become softcap * tanh(score / softcap) before the softmax. "
            "After the last layer the step ends (and re-tiers on a re-tiering step).")
       .def("length", &Sequence::Length, "layer"_a = 0)
       .def("retier", &Sequence::Retier, "Re-tiers now, whatever the step.")

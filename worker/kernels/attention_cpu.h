@@ -48,6 +48,12 @@ struct AttentionParams {
   uint32_t num_kv_heads = 0;  // divides num_q_heads; q head h reads kv head h / group
   uint32_t head_dim = 0;
   float scale = 0.f;
+  // 0, or a sliding window: the query at position P attends only positions > P − window
+  // (transformers' sliding_window; Mistral, Gemma-2's sliding layers).
+  uint32_t window = 0;
+  // 0, or attention logit softcapping: each live score s becomes softcap · tanh(s / softcap)
+  // before the softmax (Gemma-2); position_mass and lse are of the capped scores.
+  float softcap = 0.f;
   // Null, or [num_queries][num_q_heads]: log Σ exp(scale · q·k) over the live positions this
   // call attended (-inf where none), so that partials over disjoint position sets merge exactly
   // (MergeAttentionPartials: split attention over DDR).

@@ -72,6 +72,9 @@ class TieredSequence final : public AttentionCache {
   // score on the device and the sequence reads it once per re-tiering.
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
+  // The same with the layer's sliding window and/or softcap (TieredKvStore::Attend).
+  absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out, float* position_mass,
+                      const AttendMask& mask);
   void SetTaskRunner(kernels::TaskRunner* runner) override { store_->SetTaskRunner(runner); }
   // Attend(layer, q_i, 1, out_i, nullptr) for each sequence's decode query, in one batch
   // (TieredKvStore::AttendBatch: one kernel on the CUDA backend); scores, the end of the

@@ -23,6 +23,8 @@ struct Case {
   std::vector<const float*> k_rows, v_rows;
   std::vector<std::vector<uint8_t>> keep;
   std::vector<const uint8_t*> keep_ptrs;
+  uint32_t window = 0;  // AttentionParams' window and softcap (0 = none)
+  float softcap = 0.f;
 
   Case(Shape shape, uint32_t seed, double evict_p, double mask_p) : s(shape) {
     std::mt19937 rng(seed);
@@ -62,6 +64,8 @@ struct Case {
     p.num_kv_heads = s.kv_heads;
     p.head_dim = s.head_dim;
     p.scale = 1.f / std::sqrt(static_cast<float>(s.head_dim));
+    p.window = window;
+    p.softcap = softcap;
     p.scratch = scratch.data();
     return p;
   }
@@ -81,13 +85,15 @@ struct Case {
         double m = -INFINITY;
         std::vector<bool> live(last + 1, false);
         for (uint32_t p = 0; p <= last; ++p) {
-          live[p] = k_rows[p] != nullptr && (keep.empty() || keep[kvh][p]);
+          live[p] = k_rows[p] != nullptr && (keep.empty() || keep[kvh][p]) &&
+                    (window == 0 || p + window > last);
           if (!live[p]) continue;
           double d = 0;
           for (uint32_t i = 0; i < s.head_dim; ++i) {
             d += double{qh[i]} * k_rows[p][kvh * s.head_dim + i];
           }
           w[p] = d * scale;
+          if (softcap != 0.f) w[p] = softcap * std::tanh(w[p] / softcap);
           m = std::max(m, w[p]);
         }
         double z = 0;
@@ -115,6 +121,22 @@ std::vector<Isa> UsableIsas(uint32_t head_dim) {
 constexpr double kOutTol = 2e-5;
 constexpr double kMassTol = 2e-5;
 
+// Every usable ISA's output and position mass against Case::Reference.
+void ExpectMatchesReference(const Case& c) {
+  const Shape& s = c.s;
+  std::vector<double> ref_out, ref_mass;
+  c.Reference(ref_out, ref_mass);
+  for (Isa isa : UsableIsas(s.head_dim)) {
+    std::vector<float> out(ref_out.size(), NAN), mass(s.length, NAN), scratch;
+    Attention(c.Params(out.data(), mass.data(), scratch), isa);
+    SCOPED_TRACE(testing::Message()
+                 << "shape q" << s.q_heads << " kv" << s.kv_heads << " d" << s.head_dim << " L"
+                 << s.length << " n" << s.n << " isa " << static_cast<int>(isa));
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref_out[i], kOutTol) << i;
+    for (size_t i = 0; i < mass.size(); ++i) ASSERT_NEAR(mass[i], ref_mass[i], kMassTol) << i;
+  }
+}
+
 TEST(AttentionCpuTest, MatchesDoubleReferenceOverShapeGrid) {
   const Shape shapes[] = {
       {1, 1, 8, 1, 1},    {1, 1, 8, 9, 1},    {4, 2, 16, 33, 1}, {4, 2, 16, 33, 33},
@@ -125,24 +147,48 @@ TEST(AttentionCpuTest, MatchesDoubleReferenceOverShapeGrid) {
   for (const Shape& s : shapes) {
     for (double evict : {0.0, 0.3}) {
       for (double mask : {0.0, 0.25}) {
-        Case c(s, ++seed, evict, mask);
-        std::vector<double> ref_out, ref_mass;
-        c.Reference(ref_out, ref_mass);
-        for (Isa isa : UsableIsas(s.head_dim)) {
-          std::vector<float> out(ref_out.size(), NAN), mass(s.length, NAN), scratch;
-          Attention(c.Params(out.data(), mass.data(), scratch), isa);
-          SCOPED_TRACE(testing::Message()
-                       << "shape q" << s.q_heads << " kv" << s.kv_heads << " d" << s.head_dim
-                       << " L" << s.length << " n" << s.n << " evict " << evict << " mask " << mask
-                       << " isa " << static_cast<int>(isa));
-          for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref_out[i], kOutTol) << i;
-          for (size_t i = 0; i < mass.size(); ++i) {
-            ASSERT_NEAR(mass[i], ref_mass[i], kMassTol) << i;
-          }
-        }
+        SCOPED_TRACE(testing::Message() << "evict " << evict << " mask " << mask);
+        ExpectMatchesReference(Case(s, ++seed, evict, mask));
+        if (testing::Test::HasFatalFailure()) return;
       }
     }
   }
+}
+
+TEST(AttentionCpuTest, SlidingWindowAndSoftcapMatchDoubleReference) {
+  // Windows shorter than, across and longer than a span (kSpan) and the cache, each with and
+  // without a softcap (1.0 caps hard: scores of unit-normal data reach several units), with
+  // evictions; decode (n 1), prefill (n = length) and a chunk in between.
+  const Shape shapes[] = {{4, 2, 16, 33, 33},
+                          {9, 3, 64, 300, 1},
+                          {9, 3, 64, 200, 24},
+                          {2, 2, 40, 64, 64},
+                          {8, 1, 24, 700, 1}};
+  uint32_t seed = 1000;
+  for (const Shape& s : shapes) {
+    for (uint32_t window : {0u, 1u, 5u, 16u, 100u, 1000u}) {
+      for (float softcap : {0.f, 1.f, 50.f}) {
+        if (window == 0 && softcap == 0.f) continue;
+        Case c(s, ++seed, 0.2, 0.0);
+        c.window = window;
+        c.softcap = softcap;
+        SCOPED_TRACE(testing::Message() << "window " << window << " softcap " << softcap);
+        ExpectMatchesReference(c);
+        if (testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(AttentionCpuTest, WindowLeavesNoMassBehindIt) {
+  Case c({4, 2, 16, 90, 1}, 7, 0.0, 0.0);
+  c.window = 10;
+  std::vector<float> out(4 * 16), mass(90), scratch;
+  Attention(c.Params(out.data(), mass.data(), scratch));
+  for (uint32_t p = 0; p < 80; ++p) EXPECT_EQ(mass[p], 0.f) << p;
+  double total = 0;
+  for (uint32_t p = 80; p < 90; ++p) total += mass[p];
+  EXPECT_NEAR(total, 4.0, 1e-5);
 }
 
 TEST(AttentionCpuTest, MassSumsToQueriesTimesHeadsAndIsZeroWhereDead) {
