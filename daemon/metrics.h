@@ -108,8 +108,8 @@ class Metrics {
     kChannelDeadline,     // no whole request within the deadline
     kChannelUidFull,      // past the per-uid budget of connections
     kChannelFull,         // past the channel's cap of connections
-    kGrpcOverCap,       // refused: over a server.max_connections* cap
-    kGrpcNoDescriptor,  // refused: the daemon was out of descriptors
+    kGrpcOverCap,         // refused: over a server.max_connections* cap
+    kGrpcNoDescriptor,    // refused: the daemon was out of descriptors
     kCount
   };
   // The memory channel's lanes (daemon/kvtierd/channel_lane.h).

@@ -23,7 +23,9 @@ bool Has(const absl::Status& s, const std::string& text) {
 UniqueFd Memfd(uint64_t bytes, int seals) {
   UniqueFd fd(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   EXPECT_EQ(ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
-  if (seals != 0) EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  if (seals != 0) {
+    EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  }
   return fd;
 }
 
