@@ -140,7 +140,7 @@ TEST(CudaModelGpuTest, GreedyTokensMatchTheCpuEngineOnTheE2ePrompts) {
     }
   }
   std::printf(
-      "gpu vs cpu: worst max|dlogit| / range %.4f (bound %.2f); argmax compared at %d "
+      "gpu vs cpu: worst max|dlogit| / range %.4f (bound %.3f); argmax compared at %d "
       "steps, %d near ties skipped\n",
       worst_share, kSimulated ? kSimLogitShare : kLogitShare, compared, near_ties);
   EXPECT_GT(compared, near_ties);
