@@ -14,8 +14,6 @@
 // OffloadCompressed quantizes blocks on the device (same format as the CPU codecs) and copies the
 // codes into T2 slots. Both start after the work queued so far on the producing stream.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -23,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/cuda/copy_engine.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/pinned_mapping.h"
 #include "worker/cuda/staging_plan.h"
 #include "worker/kernels/cuda/kv_ops.h"

@@ -1,10 +1,9 @@
 #include "worker/cuda/pinned_mapping.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/pinning_plan.h"
 

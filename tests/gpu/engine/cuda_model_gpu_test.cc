@@ -2,6 +2,8 @@
 // with the CUDA store backend): (a) the CUDA engine's greedy tokens equal the CPU engine's on
 // the e2e prompts, logits within a stated bound; (b) full vs hierarchy (r = 0, β 0.3 and 0.7)
 // through the CUDA store: token-identical, bit-identical logits, pages really out of T0.
+// Also built over the simulated device (cuda_engine_sim_test, label e2e), where kernels and
+// GEMMs are CPU loops: there it runs one prompt for 16 steps, and full against hierarchy β 0.3.
 
 #include <algorithm>
 #include <cstring>
@@ -17,6 +19,12 @@
 namespace kvtier::engine::cuda {
 namespace {
 
+#ifdef KVTIER_CUDA_SIM
+constexpr bool kSimulated = true;
+#else
+constexpr bool kSimulated = false;
+#endif
+
 using worker::SequenceOptions;
 using worker::TieredSequence;
 
@@ -25,6 +33,9 @@ using worker::TieredSequence;
 // (docs/engine.md); 2% of a ~30-logit range (~0.6) allows that rounding through 30 layers.
 // Never measured on a GPU yet: the test prints the worst share seen, to tighten it.
 constexpr double kLogitShare = 0.02;
+// On the simulated device the GEMMs are f32 sums of the same f16 inputs (measured worst share
+// 0.001), so the bound is tighter there and most steps compare the argmax.
+constexpr double kSimLogitShare = 0.003;
 
 std::vector<int32_t> ChatPrompt(const Model& m, const std::string& user) {
   return m.tokenizer().Encode(ApplyChatTemplate(std::vector<ChatMessage>{{"user", user}}, true));
@@ -89,10 +100,12 @@ TEST(CudaModelGpuTest, GreedyTokensMatchTheCpuEngineOnTheE2ePrompts) {
   KVTIER_PREPARE_GPU_ENGINE(f);
   const char* users[] = {"Name three colours.", "Why is the sky blue?", "Tell me a joke.",
                          "Count from one to twenty in words, one per line."};
-  constexpr int kSteps = 32;
+  const int steps = kSimulated ? 16 : 32;
+  const int prompts = kSimulated ? 1 : 4;
   double worst_share = 0;
   int near_ties = 0, compared = 0;
-  for (const char* user : users) {
+  for (int u = 0; u < prompts; ++u) {
+    const char* user = users[u];
     const std::vector<int32_t> prompt = ChatPrompt(*f.cpu, user);
     DenseAttentionCache dense(f.cpu->attention_shape());
     auto seq = f.runtime->Open(Options("full", 1, prompt.size()));
@@ -100,9 +113,9 @@ TEST(CudaModelGpuTest, GreedyTokensMatchTheCpuEngineOnTheE2ePrompts) {
     std::vector<float> cpu_logits, gpu_logits;
     ASSERT_TRUE(f.cpu->Prefill(prompt, dense, &cpu_logits).ok());
     ASSERT_TRUE(f.gpu->Prefill(prompt, **seq, &gpu_logits).ok());
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < steps; ++step) {
       const auto [lo, hi] = std::minmax_element(cpu_logits.begin(), cpu_logits.end());
-      const double bound = kLogitShare * (*hi - *lo);
+      const double bound = (kSimulated ? kSimLogitShare : kLogitShare) * (*hi - *lo);
       double worst = 0;
       for (size_t i = 0; i < cpu_logits.size(); ++i) {
         worst = std::max(worst, double(std::fabs(cpu_logits[i] - gpu_logits[i])));
@@ -127,9 +140,9 @@ TEST(CudaModelGpuTest, GreedyTokensMatchTheCpuEngineOnTheE2ePrompts) {
     }
   }
   std::printf(
-      "gpu vs cpu: worst max|dlogit| / range %.4f (bound %.2f); argmax compared at %d "
+      "gpu vs cpu: worst max|dlogit| / range %.4f (bound %.3f); argmax compared at %d "
       "steps, %d near ties skipped\n",
-      worst_share, kLogitShare, compared, near_ties);
+      worst_share, kSimulated ? kSimLogitShare : kLogitShare, compared, near_ties);
   EXPECT_GT(compared, near_ties);
 }
 
@@ -145,6 +158,7 @@ TEST(CudaModelGpuTest, HierarchyIsBitIdenticalToFullAndPagesLeaveT0) {
   };
   std::vector<Run> runs;
   for (auto [policy, beta] : {std::pair{"full", 1.0}, {"hierarchy", 0.3}, {"hierarchy", 0.7}}) {
+    if (kSimulated && beta == 0.7) continue;  // CPU GEMMs: two runs are enough there
     auto seq = f.runtime->Open(Options(policy, beta, prompt.size()));
     ASSERT_TRUE(seq.ok()) << seq.status();
     runs.push_back({std::string(policy) + " beta=" + std::to_string(beta), *std::move(seq), {}});

@@ -1,5 +1,8 @@
 // The runtime end to end in local mode: sequences score, re-tier and keep the zero-error
-// property through hundreds of decode steps.
+// property through hundreds of decode steps. One suite, two backends: built as is over the host
+// backend, and with KVTIER_TEST_CUDA_BACKEND over the CUDA store (tiered_sequence_cuda_sim_test
+// on the simulated device, tiered_sequence_cuda_gpu_test on a real one), where the synthetic
+// engine's tensors reach the sequence as device memory (DeviceCache).
 
 #include "worker/runtime/tiered_sequence.h"
 
@@ -10,6 +13,10 @@
 #include "gtest/gtest.h"
 #include "tests/support/synthetic_engine.h"
 #include "worker/runtime/worker_runtime.h"
+#ifdef KVTIER_TEST_CUDA_BACKEND
+#include "tests/gpu/cuda/gpu_test_util.h"
+#include "tests/support/device_cache.h"
+#endif
 
 namespace kvtier::worker {
 namespace {
@@ -17,18 +24,31 @@ namespace {
 using testing::SyntheticEngine;
 using tiering::Tier;
 
+#ifdef KVTIER_TEST_CUDA_BACKEND
+constexpr StoreBackend kBackend = StoreBackend::kCuda;
+constexpr uint32_t kHeadDim = 64;  // the CUDA kernels serve 64 and 128
+#define KVTIER_HOST_ONLY(why) GTEST_SKIP() << "host backend only: " << why
+#define KVTIER_NEEDS_BACKEND() KVTIER_SKIP_WITHOUT_GPU()
+#else
+constexpr StoreBackend kBackend = StoreBackend::kHost;
+constexpr uint32_t kHeadDim = 32;
+#define KVTIER_HOST_ONLY(why) (void)0
+#define KVTIER_NEEDS_BACKEND() (void)0
+#endif
+
 AttentionShape Shape() {
-  return {.num_layers = 4, .num_q_heads = 6, .num_kv_heads = 2, .head_dim = 32, .scale = 0};
+  return {.num_layers = 4, .num_q_heads = 6, .num_kv_heads = 2, .head_dim = kHeadDim, .scale = 0};
 }
 
 std::unique_ptr<WorkerRuntime> LocalRuntime(uint32_t page_tokens) {
   auto r = WorkerRuntime::Create({.attention = Shape(),
                                   .page_tokens = page_tokens,
                                   .arena_bytes = 256 << 20,
+                                  .backend = kBackend,
                                   .local_ddr_bytes = 64 << 20,
                                   .local_compressed_bytes = 32 << 20});
   EXPECT_TRUE(r.ok()) << r.status();
-  return *std::move(r);
+  return r.ok() ? *std::move(r) : nullptr;
 }
 
 SequenceOptions Options(const std::string& policy, double beta, double r, double gamma,
@@ -45,10 +65,15 @@ SequenceOptions Options(const std::string& policy, double beta, double r, double
 // Runs prefill + `steps` decode passes on `seq`, returning every attention output.
 std::vector<float> Decode(TieredSequence& seq, uint64_t prompt, int steps, uint64_t seed) {
   SyntheticEngine engine(Shape(), seed);
+#ifdef KVTIER_TEST_CUDA_BACKEND
+  testing::DeviceCache cache(seq, Shape());
+#else
+  AttentionCache& cache = seq;
+#endif
   std::vector<float> out;
-  EXPECT_TRUE(engine.Forward(seq, prompt, &out).ok());
+  EXPECT_TRUE(engine.Forward(cache, prompt, &out).ok());
   for (int i = 0; i < steps; ++i) {
-    absl::Status s = engine.Forward(seq, 1, &out);
+    absl::Status s = engine.Forward(cache, 1, &out);
     EXPECT_TRUE(s.ok()) << s;
     if (!s.ok()) break;
   }
@@ -56,6 +81,7 @@ std::vector<float> Decode(TieredSequence& seq, uint64_t prompt, int steps, uint6
 }
 
 TEST(TieredSequenceTest, HierarchyWithoutLossIsBitIdenticalToFullForEveryHbmRatio) {
+  KVTIER_NEEDS_BACKEND();
   std::mt19937 rng(3);
   for (uint32_t page_tokens : {1u, 4u, 16u}) {
     auto runtime = LocalRuntime(page_tokens);
@@ -81,6 +107,7 @@ TEST(TieredSequenceTest, HierarchyWithoutLossIsBitIdenticalToFullForEveryHbmRati
 }
 
 TEST(TieredSequenceTest, EvictionChangesOutputsAndIsReportedCumulatively) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   auto full = runtime->Open(Options("full", 1, 0, 0, 16));
   auto evicting = runtime->Open(Options("hierarchy", 0.5, 0.2, 0, 16));
@@ -98,6 +125,7 @@ TEST(TieredSequenceTest, EvictionChangesOutputsAndIsReportedCumulatively) {
 }
 
 TEST(TieredSequenceTest, CompressedPagesCarrySmallBoundedError) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   auto full = runtime->Open(Options("full", 1, 0, 0, 16));
   auto compressed = runtime->Open(Options("hierarchy", 0.3, 0, 0.5, 16));
@@ -113,6 +141,7 @@ TEST(TieredSequenceTest, CompressedPagesCarrySmallBoundedError) {
 }
 
 TEST(TieredSequenceTest, ClosingReturnsEverySlot) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   {
     auto seq = runtime->Open(Options("hierarchy", 0.2, 0, 0.3, 8));
@@ -124,6 +153,7 @@ TEST(TieredSequenceTest, ClosingReturnsEverySlot) {
 }
 
 TEST(TieredSequenceTest, RejectsWorkerOnlyPoliciesAndBadBudgets) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(16);
   auto h2o = runtime->Open(Options("h2o", 0.5, 0.1, 0, 8));
   EXPECT_EQ(h2o.status().code(), absl::StatusCode::kInvalidArgument);
@@ -135,6 +165,7 @@ TEST(TieredSequenceTest, RejectsWorkerOnlyPoliciesAndBadBudgets) {
 // Sequences decoded in one AttendBatch per layer score, re-tier and attend exactly as the same
 // sequences decoded one Attend at a time (here with eviction, so placements diverge from full).
 TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
+  KVTIER_HOST_ONLY("host tensors (the CUDA store suite batches device tensors)");
   auto runtime = LocalRuntime(4);
   const AttentionShape a = Shape();
   const size_t kv_row = size_t{a.num_kv_heads} * a.head_dim,
@@ -206,6 +237,7 @@ TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
 }
 
 TEST(TieredSequenceTest, HostRuntimeRefusesBf16KvNamingTheField) {
+  KVTIER_HOST_ONLY("bf16 is a CUDA backend format");
   auto r = WorkerRuntime::Create({.attention = Shape(), .kv_element_bytes = 2});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(r.status().message())
