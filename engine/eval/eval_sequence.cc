@@ -392,6 +392,9 @@ class ArkvSequence final : public EvalSequence {
     tiering::TieringConfig config;
     config.page_tokens = options_.page_tokens;
     config.retier_interval = options_.retier_interval;
+    config.window_tokens = options_.window_tokens;
+    config.sink_tokens = options_.sink_tokens;
+    config.protect_prompt = options_.protect_prompt;
     config.budgets.evict_ratio = config_.evict_ratio;
     config.budgets.hbm_ratio = 1.0;
     const tiering::Placement current = store_->placement();

@@ -118,11 +118,13 @@ std::string MagicNeedle(const std::string& kind, const std::string& key, const s
   return absl::StrFormat("One of the special magic %ss for %s is: %s.", kind, key, v);
 }
 
-std::string MagicQuestion(const std::string& kind, const std::string& key) {
-  return absl::StrFormat(
-      "What is the special magic %s for %s mentioned in the provided text? The special magic %s "
-      "for %s mentioned in the provided text is",
-      kind, key, kind, key);
+TaskQuestion MagicQuestion(const std::string& kind, const std::string& key,
+                           const std::string& value) {
+  return {
+      absl::StrFormat("What is the special magic %s for %s mentioned in the provided text?", kind,
+                      key),
+      absl::StrFormat("The special magic %s for %s mentioned in the provided text is", kind, key),
+      {value}};
 }
 
 // Depths of `n` other needles, away from the asked one.
@@ -139,7 +141,7 @@ absl::StatusOr<Draft> MakeDraft(const std::string& task, double depth, Rng& rng)
     d.open = "\n\n";
     d.needles = {{depth, absl::StrCat("The pass key is ", key, ". Remember it. ", key,
                                       " is the pass key.")}};
-    d.questions = {{"What is the pass key? The pass key is", {key}}};
+    d.questions = {{"What is the pass key?", "The pass key is", {key}}};
     d.max_new_tokens = 12;
   } else if (task == "niah_number" || task == "niah_uuid") {
     const bool uuid = task == "niah_uuid";
@@ -148,7 +150,7 @@ absl::StatusOr<Draft> MakeDraft(const std::string& task, double depth, Rng& rng)
     d.intro = absl::StrFormat(kNiahIntro, kind, kind);
     d.open = "\n\n";
     d.needles = {{depth, MagicNeedle(kind, key, value)}};
-    d.questions = {{MagicQuestion(kind, key), {value}}};
+    d.questions = {MagicQuestion(kind, key, value)};
     d.max_new_tokens = uuid ? 40 : 16;
   } else if (task == "multikey") {
     // Four look-alike needles; each is asked in turn (question-agnostic, multi-turn), the
@@ -160,18 +162,18 @@ absl::StatusOr<Draft> MakeDraft(const std::string& task, double depth, Rng& rng)
       const std::string value = Digits(rng, 7);
       d.needles.push_back(
           {i == 0 ? depth : OtherDepth(rng), MagicNeedle("number", keys[i], value)});
-      d.questions.push_back({MagicQuestion("number", keys[i]), {value}});
+      d.questions.push_back(MagicQuestion("number", keys[i], value));
     }
     d.max_new_tokens = 16;
   } else if (task == "multivalue") {
     const std::string key = Words(rng, 1)[0];
     d.intro = absl::StrFormat(kNiahIntro, "number", "number");
     d.open = "\n\n";
-    TaskQuestion q{absl::StrFormat("What are all the special magic numbers for %s mentioned in the "
-                                   "provided text? The special magic numbers for %s mentioned in "
-                                   "the provided text are",
-                                   key, key),
-                   {}};
+    TaskQuestion q{
+        absl::StrFormat(
+            "What are all the special magic numbers for %s mentioned in the provided text?", key),
+        absl::StrFormat("The special magic numbers for %s mentioned in the provided text are", key),
+        {}};
     for (int i = 0; i < 4; ++i) {
       const std::string value = Digits(rng, 7);
       d.needles.push_back({i == 0 ? depth : OtherDepth(rng), MagicNeedle("number", key, value)});
@@ -201,8 +203,9 @@ absl::StatusOr<Draft> MakeDraft(const std::string& task, double depth, Rng& rng)
       }
       d.questions.push_back(
           {absl::StrCat("Find all variables that are assigned the value ", value,
-                        " in the text above. Answer: According to the chain(s) of variable "
-                        "assignment in the text above, 5 variables are assigned the value ",
+                        " in the text above."),
+           absl::StrCat("According to the chain(s) of variable assignment in the text above, 5 "
+                        "variables are assigned the value ",
                         value, ", they are:"),
            names});
     }
@@ -223,7 +226,8 @@ absl::StatusOr<Draft> MakeDraft(const std::string& task, double depth, Rng& rng)
       d.needles.push_back(
           {i == 0 ? depth : OtherDepth(rng), absl::StrCat("\"", key, "\": \"", value, "\"")});
       d.questions.push_back(
-          {absl::StrCat("Key: \"", key, "\"\nThe value associated with the specified key is:"),
+          {absl::StrCat("Key: \"", key, "\"\nWhat is the value associated with the specified key?"),
+           "The value associated with the specified key is:",
            {value}});
     }
     d.max_new_tokens = 40;
@@ -348,7 +352,8 @@ absl::StatusOr<std::vector<TaskItem>> GenerateTasks(const TaskSpec& spec, const 
 std::string TaskJson(const TaskItem& item) {
   nlohmann::json qs = nlohmann::json::array();
   for (const TaskQuestion& q : item.questions) {
-    qs.push_back({{"question", q.question}, {"answers", q.answers}});
+    qs.push_back(
+        {{"question", q.question}, {"answer_prefix", q.answer_prefix}, {"answers", q.answers}});
   }
   return nlohmann::json{{"id", item.id},
                         {"task", item.task},
@@ -402,7 +407,11 @@ absl::StatusOr<std::vector<TaskItem>> LoadTasks(const std::string& path) {
       if (!q.contains("answers") || !q["answers"].is_array() || q["answers"].empty()) {
         return bad(absl::StrCat("field \"", where, ".answers\" must be a non-empty array"));
       }
-      TaskQuestion tq{q["question"], {}};
+      if (q.contains("answer_prefix") && !q["answer_prefix"].is_string()) {
+        return bad(absl::StrCat("field \"", where, ".answer_prefix\" must be a string"));
+      }
+      TaskQuestion tq{
+          q["question"].get<std::string>(), q.value("answer_prefix", std::string()), {}};
       for (const auto& a : q["answers"]) {
         if (!a.is_string() || a.get<std::string>().empty()) {
           return bad(absl::StrCat("field \"", where, ".answers\" must hold non-empty strings"));
@@ -427,8 +436,9 @@ TaskSegments Segment(const TaskItem& item, const Tokenizer& tok) {
   const std::vector<int32_t> turn = tok.Encode(text.substr(user, mark - user));
   s.context.insert(s.context.end(), turn.begin(), turn.end());
   for (size_t i = 0; i < item.questions.size(); ++i) {
+    const TaskQuestion& q = item.questions[i];
     s.questions.push_back(
-        tok.Encode(absl::StrCat(i == 0 ? "" : kNextTurn, item.questions[i].question, kTurnEnd)));
+        tok.Encode(absl::StrCat(i == 0 ? "" : kNextTurn, q.question, kTurnEnd, q.answer_prefix)));
   }
   return s;
 }

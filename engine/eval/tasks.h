@@ -19,7 +19,8 @@
 namespace kvtier::engine {
 
 struct TaskQuestion {
-  std::string question;              // ends where the assistant's answer starts
+  std::string question;              // the user's question
+  std::string answer_prefix;         // the assistant's reply starts with it (RULER's prefix)
   std::vector<std::string> answers;  // every one must appear in the reply (exact match)
 };
 
@@ -61,8 +62,9 @@ absl::StatusOr<std::vector<TaskItem>> LoadTasks(const std::string& path);
 // The conversation's token segments: turn 0 is the chat template's system message, the user
 // turn's opening and the context; then per question its text and the assistant's opening
 // (turn i > 0 first closes the previous answer and opens a new user turn). The question-aware
-// regime prefills segment 0 + question 0 at once; the question-agnostic one prefills segment 0
-// and feeds the questions later. Same tokens in both.
+// regime prefills segment 0 + question 0 (with the assistant's opening and the answer prefix) at
+// once; the question-agnostic one prefills segment 0 and feeds the questions later. Same tokens in
+// both.
 struct TaskSegments {
   std::vector<int32_t> context;
   std::vector<std::vector<int32_t>> questions;

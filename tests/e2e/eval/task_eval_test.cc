@@ -51,7 +51,7 @@ class TaskEval : public ::testing::Test {
     o_.model_path = DefaultModelPath();
     o_.out_dir = out_.string();
     o_.progress = false;
-    o_.spec = {.tasks = {"passkey", "multikey"}, .lengths = {1024}, .items = 2, .seed = 3};
+    o_.spec = {.tasks = {"niah_number", "multikey"}, .lengths = {1024}, .items = 1, .seed = 1};
     o_.regime = "agnostic";
     o_.turns = 2;
     o_.grid = "tasks-quick";
@@ -65,12 +65,13 @@ class TaskEval : public ::testing::Test {
 TEST_F(TaskEval, HierarchyAtZeroEvictionAnswersAsTheFullCache) {
   ASSERT_TRUE(RunTaskEval(o_).ok());
   const Table rows = ReadCsv(out_ / "results.csv");
-  // passkey: 2 items × 1 turn, multikey: 2 items × 2 turns; 7 configurations each.
-  ASSERT_EQ(rows.size(), (2 + 4) * 7u);
-  int exact = 0, full_passkey = 0;
+  // niah_number: 1 item × 1 turn, multikey: 1 item × 2 turns; 7 configurations each.
+  ASSERT_EQ(rows.size(), (1 + 2) * 7u);
+  int exact = 0, full_multikey = 0;
   for (const auto& r : rows) {
-    if (r.at("config") == "full" && r.at("task") == "passkey")
-      full_passkey += r.at("correct") == "1";
+    if (r.at("config") == "full" && r.at("task") == "multikey") {
+      full_multikey += r.at("correct") == "1";
+    }
     if (r.at("policy") != "hierarchy" || std::stod(r.at("evict_ratio")) != 0) continue;
     ++exact;
     EXPECT_EQ(r.at("same_reply"), "1") << r.at("config") << " " << r.at("item");
@@ -83,9 +84,9 @@ TEST_F(TaskEval, HierarchyAtZeroEvictionAnswersAsTheFullCache) {
     EXPECT_GT(std::stod(r.at("ddr_bytes")), 0) << "pages must really leave T0: " << r.at("config");
     EXPECT_EQ(std::stod(r.at("evicted_fraction")), 0);
   }
-  EXPECT_EQ(exact, 3 * 6);
-  // The cell the full cache is tested on: passkey at 1K (issue #33: 4 of 4 there).
-  EXPECT_EQ(full_passkey, 2);
+  EXPECT_EQ(exact, 3 * 3);
+  // The cell the full cache is tested on: multikey at 1K, both turns.
+  EXPECT_EQ(full_multikey, 2);
   // Eviction is reported whatever it scores: the baselines evicted something.
   for (const auto& r : rows) {
     if (r.at("policy") == "streaming" || r.at("policy") == "snapkv") {

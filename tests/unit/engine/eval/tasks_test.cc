@@ -32,13 +32,13 @@ TEST(Tasks, ParsesNamesAndLengths) {
 }
 
 TEST(Tasks, JsonRoundTrips) {
-  TaskItem item{.id = "a-1",
-                .task = "passkey",
-                .length = 1024,
-                .depth = 0.25,
-                .context = "ctx",
-                .questions = {{"q?", {"1", "2"}}},
-                .max_new_tokens = 8};
+  TaskQuestion q;
+  q.question = "q?";
+  q.answer_prefix = "A:";
+  q.answers = {"1", "2"};
+  TaskItem item{.id = "a-1", .task = "passkey", .length = 1024, .depth = 0.25, .context = "ctx"};
+  item.questions = {q};
+  item.max_new_tokens = 8;
   const fs::path p = fs::temp_directory_path() / ("tasks_rt_" + std::to_string(getpid()));
   std::ofstream(p) << TaskJson(item) << "\n";
   auto back = LoadTasks(p.string());
@@ -46,6 +46,7 @@ TEST(Tasks, JsonRoundTrips) {
   ASSERT_EQ(back->size(), 1u);
   EXPECT_EQ((*back)[0].context, "ctx");
   EXPECT_EQ((*back)[0].questions[0].answers, (std::vector<std::string>{"1", "2"}));
+  EXPECT_EQ((*back)[0].questions[0].answer_prefix, "A:");
   fs::remove(p);
 }
 
