@@ -11,6 +11,7 @@ import csv
 import json
 import subprocess
 
+import pytest
 import torch
 from conftest import model_path, program
 
@@ -66,3 +67,14 @@ def test_tasks_give_the_full_cache_answers_at_r0_and_the_cpp_tier_figures(hf_mod
         assert abs(ours - theirs) <= 0.03, (item["id"], ours, theirs)
         full.close()
         tiered.close()
+
+
+def test_protect_prompt_modes_are_checked():
+    with pytest.raises(ValueError, match="protect_prompt='sometimes'"):
+        TieredCache(protect_prompt="sometimes")
+    with pytest.raises(ValueError, match="needs protected_prompt_begin"):
+        TieredCache(protect_prompt="last-turn")
+    cache = TieredCache(protect_prompt="last-turn", protected_prompt_begin=30)
+    assert cache.protect_prompt and cache.protected_prompt_begin == 30
+    assert TieredCache(protect_prompt="none").protect_prompt is False
+    assert TieredCache(protect_prompt=True, protected_prompt_begin=30).protected_prompt_begin == 0
