@@ -39,8 +39,8 @@ def test_tasks_give_the_full_cache_answers_at_r0_and_the_cpp_tier_figures(hf_mod
     model, tokenizer = hf_model
     model.set_attn_implementation("kvtier")
     emitted = subprocess.run(
-        [program("kvtier-run"), "--model", str(model_path()), "tasks", "--tasks", "passkey,multikey",
-         "--lengths", "1k", "--items", "1", "--with-tokens"],
+        [program("kvtier-run"), "--model", str(model_path()), "tasks", "--tasks",
+         "passkey,multikey", "--lengths", "1k", "--items", "1", "--with-tokens"],
         check=True, capture_output=True, text=True).stdout
     items = [json.loads(line) for line in emitted.splitlines()]
     assert len(items) == 2
