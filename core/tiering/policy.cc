@@ -117,7 +117,9 @@ class StreamingPolicy final : public Policy {
     const SequenceState& s = in.sequence;
     const uint64_t window_begin = s.length > c.window_tokens ? s.length - c.window_tokens : 0;
     const uint64_t sink_begin = c.protect_prompt ? s.prompt_tokens : 0;
-    const Range ranges[] = {{0, c.protect_prompt ? s.prompt_tokens : 0},
+    const uint64_t prompt_begin =
+        c.protect_prompt ? std::min(s.protected_prompt_begin, s.prompt_tokens) : 0;
+    const Range ranges[] = {{prompt_begin, c.protect_prompt ? s.prompt_tokens : 0},
                             {sink_begin, sink_begin + c.sink_tokens},
                             {window_begin, s.length}};
     std::vector<float> recency(target.num_pages);

@@ -68,8 +68,10 @@ ProtectedPages HierarchyProtectedPages(const TieringConfig& config, const Sequen
   const uint64_t prompt = std::min(seq.prompt_tokens, seq.length);
   const uint64_t window_begin =
       seq.length > config.window_tokens ? seq.length - config.window_tokens : 0;
+  const uint64_t prompt_begin =
+      config.protect_prompt ? std::min(seq.protected_prompt_begin, prompt) : 0;
   const Range ranges[] = {
-      {0, config.protect_prompt ? prompt : 0},
+      {prompt_begin, config.protect_prompt ? prompt : 0},
       {prompt, prompt + config.sink_tokens},
       {window_begin, seq.length},
   };

@@ -65,6 +65,9 @@ struct Move {
 struct SequenceState {
   uint64_t prompt_tokens = 0;
   uint64_t length = 0;  // tokens written
+  // With protect_prompt, the prompt is protected from here on: 0 = the whole prompt, the start
+  // of the last user turn = "protect the last user turn only".
+  uint64_t protected_prompt_begin = 0;
 };
 
 // Where every page of one sequence lives: tiers[group * num_pages + page].

@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/status/status_macros.h"
 #include "engine/forward_pass.h"
 #include "engine/model_path.h"
 
@@ -61,8 +63,65 @@ int RunGenerate(const CliArgs& args) {
   return 0;
 }
 
-int RunEvalCommand(CliArgs& args) {
+absl::Status FillTaskSpec(CliArgs& args) {
+  TaskSpec& spec = args.task_eval.spec;
+  ASSIGN_OR_RETURN(spec.tasks, ParseTaskNames(args.task_names.empty() ? "all" : args.task_names));
+  ASSIGN_OR_RETURN(spec.lengths, ParseLengths(args.lengths));
+  return absl::OkStatus();
+}
+
+int RunTaskEvalCommand(CliArgs& args, CLI::App& ev) {
+  TaskEvalOptions& t = args.task_eval;
+  const EvalOptions& e = args.eval;
+  t.model_path = args.model_path;
+  t.threads = args.threads;
+  t.progress = !args.quiet;
+  t.out_dir = e.out_dir;
+  t.configs = e.configs;
+  // Shared flags keep the task evaluation's own defaults unless given.
+  if (ev.count("--grid")) t.grid = e.grid;
+  if (ev.count("--window-tokens")) t.window_tokens = e.window_tokens;
+  if (ev.count("--page-tokens")) t.page_tokens = e.page_tokens;
+  if (ev.count("--retier-interval")) t.retier_interval = e.retier_interval;
+  if (t.tasks_file.empty()) {
+    if (absl::Status s = FillTaskSpec(args); !s.ok()) return Fail(std::string(s.message()), 2);
+  }
+  absl::Status status = RunTaskEval(t);
+  if (!status.ok()) return Fail(std::string(status.message()));
+  std::fprintf(stderr, "wrote %s/results.csv, summary.md and summary.csv\n", t.out_dir.c_str());
+  return 0;
+}
+
+int RunTasksCommand(CliArgs& args) {
+  if (absl::Status s = FillTaskSpec(args); !s.ok()) return Fail(std::string(s.message()), 2);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Load(args.model_path, {.threads = args.threads});
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  absl::StatusOr<std::vector<TaskItem>> items =
+      GenerateTasks(args.task_eval.spec, (*model)->tokenizer(), (*model)->config().context_length);
+  if (!items.ok()) return Fail(std::string(items.status().message()), 2);
+  for (const TaskItem& item : *items) {
+    std::string line = TaskJson(item);
+    if (args.with_tokens) {
+      const TaskSegments seg = Segment(item, (*model)->tokenizer());
+      nlohmann::json j = nlohmann::json::parse(line);
+      j["context_tokens"] = seg.context;
+      j["question_tokens"] = seg.questions;
+      j["last_user_turn_begin"] = seg.last_user_turn_begin;
+      line = j.dump();
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  return 0;
+}
+
+int RunEvalCommand(CliArgs& args, CLI::App& ev) {
+  if (!args.task_names.empty() || !args.task_eval.tasks_file.empty()) {
+    return RunTaskEvalCommand(args, ev);
+  }
   EvalOptions& e = args.eval;
+  if (e.questions.empty())
+    return Fail("eval: give --questions FILE, --tasks LIST or --tasks-file FILE", 2);
   e.model_path = args.model_path;
   e.threads = args.threads;
   e.progress = !args.quiet;
@@ -71,6 +130,24 @@ int RunEvalCommand(CliArgs& args) {
   std::fprintf(stderr, "wrote %s/results.csv and %s/summary.md\n", e.out_dir.c_str(),
                e.out_dir.c_str());
   return 0;
+}
+
+void DeclareTaskSpec(CLI::App& app, CliArgs& args) {
+  TaskSpec& spec = args.task_eval.spec;
+  app.add_option("--lengths", args.lengths, "Conversation lengths in tokens: 1k,2k,4k,8k")
+      ->capture_default_str();
+  app.add_option("--items", spec.items, "Items per (task, length), depths spread evenly")
+      ->capture_default_str();
+  app.add_option("--seed", spec.seed, "Seed of the generated items")->capture_default_str();
+}
+
+void DeclareProtectedSet(CLI::App& app, uint32_t& sinks, std::string& protect) {
+  app.add_option("--sink-tokens", sinks, "Hierarchy: first generated positions kept in T0")
+      ->capture_default_str();
+  app.add_option("--protect-prompt", protect,
+                 "Hierarchy: prompt kept in T0: all | none | last-turn (the last user turn)")
+      ->check(CLI::IsMember({"all", "none", "last-turn"}))
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -101,6 +178,11 @@ void DeclareCli(CLI::App& app, CliArgs& args) {
   gen->add_option("--page-tokens", o.page_tokens, "Positions per page")->capture_default_str();
   gen->add_option("--codec", o.codec, "T2 codec: int8_kivi | fp8_e4m3 | minmax")
       ->capture_default_str();
+  gen->add_option("--window-tokens", o.window_tokens, "Hierarchy: last positions kept in T0")
+      ->capture_default_str();
+  gen->add_option("--retier-interval", o.retier_interval, "Δ: decode steps between re-tierings")
+      ->capture_default_str();
+  DeclareProtectedSet(*gen, o.sink_tokens, o.protect_prompt);
   auto* daemon_opt = gen->add_option("--daemon", args.daemon, "kvtierd socket: unix:PATH");
   gen->add_flag("--local", args.local, "Use in-process pools (no daemon)")->excludes(daemon_opt);
   gen->add_option("--link-gbps", o.link_gbps,
@@ -125,8 +207,8 @@ void DeclareCli(CLI::App& app, CliArgs& args) {
       "eval",
       "Fidelity of tiering and eviction configurations vs the full cache (docs/evaluation.md)");
   EvalOptions& e = args.eval;
-  ev->add_option("--questions", e.questions, "JSONL with \"question\" (and \"answer\") per line")
-      ->required();
+  ev->add_option("--questions", e.questions,
+                 "Fidelity: JSONL with \"question\" (and \"answer\") per line");
   ev->add_option("--out", e.out_dir, "Output directory (results.csv, summary.md; resumable)")
       ->required();
   ev->add_option("--grid", e.grid, "paper | headline | quick | \"\" (only --config)")
@@ -150,10 +232,33 @@ void DeclareCli(CLI::App& app, CliArgs& args) {
   ev->add_option("--reference-dir", e.reference_dir,
                  "Cache of full-cache reference chains (default OUT/references)");
   ev->add_flag("--quiet", args.quiet, "No progress bar");
+  // Accuracy on the generated retrieval tasks (docs/evaluation.md).
+  TaskEvalOptions& t = args.task_eval;
+  ev->add_option("--tasks", args.task_names,
+                 "Accuracy on generated tasks: all | passkey,niah_number,niah_uuid,multikey,"
+                 "multivalue,vartrack,kv_json (grid default tasks-quick, window 32)");
+  ev->add_option("--tasks-file", t.tasks_file, "Accuracy on the tasks of a JSONL file");
+  DeclareTaskSpec(*ev, args);
+  ev->add_option("--regime", t.regime, "aware (question in the prompt) | agnostic (it comes later)")
+      ->capture_default_str();
+  ev->add_option("--turns", t.turns, "agnostic: questions asked in turn, re-tiering between")
+      ->capture_default_str();
+  DeclareProtectedSet(*ev, t.sink_tokens, t.protect_prompt);
+
+  CLI::App* tasks = app.add_subcommand("tasks", "Generate the retrieval tasks (one JSON a line)");
+  tasks->add_option("--tasks", args.task_names, "all | a comma-separated list");
+  DeclareTaskSpec(*tasks, args);
+  tasks->add_option("--emit", args.emit, "Output format: jsonl (the only one)")
+      ->check(CLI::IsMember({"jsonl"}))
+      ->capture_default_str();
+  tasks->add_flag("--with-tokens", args.with_tokens,
+                  "Add the token segments (context, questions, last user turn) per item");
 }
 
 int RunCli(CLI::App& app, CliArgs& args) {
-  if (app.get_subcommand("eval")->parsed()) return RunEvalCommand(args);
+  if (app.get_subcommand("eval")->parsed())
+    return RunEvalCommand(args, *app.get_subcommand("eval"));
+  if (app.get_subcommand("tasks")->parsed()) return RunTasksCommand(args);
   if (app.get_subcommand("generate")->parsed()) return RunGenerate(args);
   return 0;
 }

@@ -1,14 +1,15 @@
 #ifndef KVTIER_ENGINE_CLI_CLI_H_
 #define KVTIER_ENGINE_CLI_CLI_H_
 
-// kvtier-run's command line: the flags of `generate` and `eval` (declared here so tests parse
-// them) and running what was parsed.
+// kvtier-run's command line: the flags of `generate`, `eval` and `tasks` (declared here so tests
+// parse them) and running what was parsed.
 
 #include <CLI/CLI.hpp>
 #include <string>
 
 #include "engine/cli/generate.h"
 #include "engine/eval/eval.h"
+#include "engine/eval/task_eval.h"
 
 namespace kvtier::engine {
 
@@ -21,6 +22,11 @@ struct CliArgs {
   bool local = false, json = false;
   EvalOptions eval;
   bool quiet = false;
+  // eval --tasks / tasks --emit.
+  TaskEvalOptions task_eval;
+  std::string task_names, lengths = "1k,2k,4k,8k";
+  bool with_tokens = false;
+  std::string emit = "jsonl";
 };
 
 // Declares both subcommands and their flags on `app`, writing into `args`.

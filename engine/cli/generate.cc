@@ -35,6 +35,13 @@ absl::Status Validate(const GenerateOptions& o) {
         "--evict-ratio + --compress-ratio = ", o.evict_ratio + o.compress_ratio, " exceeds 1"));
   }
   if (o.page_tokens == 0) return absl::InvalidArgumentError("--page-tokens must be positive");
+  if (o.retier_interval == 0) {
+    return absl::InvalidArgumentError("--retier-interval must be positive");
+  }
+  if (o.protect_prompt != "all" && o.protect_prompt != "none" && o.protect_prompt != "last-turn") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--protect-prompt \"", o.protect_prompt, "\" is not all, none or last-turn"));
+  }
   if (o.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   return absl::OkStatus();
 }
@@ -109,6 +116,17 @@ absl::StatusOr<GenerateResult> Generate(Model& model, DeviceSetup& setup,
   seq_options.policy = options.policy;
   seq_options.prompt_tokens = prompt.size();
   seq_options.tag = "kvtier-run";
+  seq_options.tiering.sink_tokens = options.sink_tokens;
+  seq_options.tiering.window_tokens = options.window_tokens;
+  seq_options.tiering.retier_interval = options.retier_interval;
+  seq_options.tiering.protect_prompt = options.protect_prompt != "none";
+  if (options.protect_prompt == "last-turn") {
+    // The last user turn starts at a special token, so its tokens begin a fresh encoding.
+    const size_t at = text.rfind("<|im_start|>user");
+    if (at != std::string::npos) {
+      seq_options.protected_prompt_begin = tokenizer.Encode(text.substr(0, at)).size();
+    }
+  }
   seq_options.tiering.budgets = {.evict_ratio = options.evict_ratio,
                                  .hbm_ratio = options.hbm_ratio,
                                  .compress_ratio = options.compress_ratio};
@@ -216,6 +234,10 @@ std::string ReportJson(const GenerateResult& r, const GenerateOptions& o) {
       {"evict_ratio", o.evict_ratio},
       {"compress_ratio", o.compress_ratio},
       {"page_tokens", o.page_tokens},
+      {"sink_tokens", o.sink_tokens},
+      {"window_tokens", o.window_tokens},
+      {"protect_prompt", o.protect_prompt},
+      {"retier_interval", o.retier_interval},
       {"daemon", o.daemon_address},
       {"daemon_backed", r.daemon_backed},
       {"prompt_tokens", r.prompt_tokens},

@@ -23,6 +23,10 @@ struct GenerateOptions {
   std::string policy = "hierarchy";
   double hbm_ratio = 0.5, evict_ratio = 0.0, compress_ratio = 0.0;
   uint32_t page_tokens = 16;
+  // The protected set (DESIGN.md §2): sinks, recent window, the prompt (all | none |
+  // last-turn: from the last "<|im_start|>user" on), and Δ.
+  uint32_t sink_tokens = 4, window_tokens = 128, retier_interval = 64;
+  std::string protect_prompt = "all";
   std::string codec = "int8_kivi";
   std::string daemon_address;  // "" = local pools
   // Daemon mode: the host link to declare for prefetch schedules (link_gbps 0 = none).

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "core/status/status_macros.h"
 #include "engine/eval/eval_sequence.h"
+#include "engine/eval/fan_out_cache.h"
 #include "engine/eval/metrics.h"
 #include "engine/model.h"
 
@@ -157,37 +158,6 @@ absl::StatusOr<Reference> LoadOrComputeReference(Model& model, EvalContext& ctx,
   fs::rename(tmp, path);
   return ref;
 }
-
-// Prefill of several identical caches at once: K/V go to all of them, every one attends (so
-// each scores and probes as it would alone), the first one's output feeds the model.
-class FanOutCache final : public worker::AttentionCache {
- public:
-  explicit FanOutCache(std::vector<worker::AttentionCache*> caches) : caches_(std::move(caches)) {}
-  uint32_t Length(uint32_t layer) const override { return caches_[0]->Length(layer); }
-  absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override {
-    for (worker::AttentionCache* c : caches_) RETURN_IF_ERROR(c->Append(layer, k, v, n));
-    return absl::OkStatus();
-  }
-  absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
-                      float* position_mass) override {
-    RETURN_IF_ERROR(caches_[0]->Attend(layer, q, n, out, position_mass));
-    for (size_t i = 1; i < caches_.size(); ++i) {
-      scratch_.assign(out_floats_, 0.f);
-      RETURN_IF_ERROR(caches_[i]->Attend(layer, q, n, scratch_.data(), nullptr));
-      if (!std::equal(scratch_.begin(), scratch_.end(), out)) {
-        return absl::InternalError(absl::StrFormat(
-            "prefill: member %d attends differently from the full cache in layer %d", i, layer));
-      }
-    }
-    return absl::OkStatus();
-  }
-  void set_out_floats(size_t n) { out_floats_ = n; }
-
- private:
-  std::vector<worker::AttentionCache*> caches_;
-  std::vector<float> scratch_;
-  size_t out_floats_ = 0;
-};
 
 struct Member {
   std::unique_ptr<EvalSequence> seq;

@@ -12,6 +12,7 @@
 #include "core/tiering/keep_mask.h"
 #include "core/tiering/plan.h"
 #include "core/tiering/rkv.h"
+#include "core/tiering/snapkv.h"
 #include "engine/eval/head_probe.h"
 #include "worker/page_pool.h"
 #include "worker/tiered_kv_store.h"
@@ -28,9 +29,11 @@ constexpr uint32_t kStreamingSinks = 4;  // StreamingLLM's attention sinks
 
 // Peak / mean of T0 and full bytes over forward passes.
 struct BytesSeries {
-  double t0_peak = 0, full_peak = 0, t0_sum = 0, full_sum = 0;
+  double t0_peak = 0, full_peak = 0, t0_sum = 0, full_sum = 0, t0_now = 0, full_now = 0;
   uint64_t passes = 0;
   void Add(double t0, double full) {
+    t0_now = t0;
+    full_now = full;
     t0_peak = std::max(t0_peak, t0);
     full_peak = std::max(full_peak, full);
     t0_sum += t0;
@@ -42,6 +45,8 @@ struct BytesSeries {
     c.full_peak_bytes = full_peak;
     c.t0_mean_bytes = passes ? t0_sum / passes : 0;
     c.full_mean_bytes = passes ? full_sum / passes : 0;
+    c.t0_now_bytes = t0_now;
+    c.full_now_bytes = full_now;
   }
 };
 
@@ -52,6 +57,7 @@ class RuntimeSequence final : public EvalSequence {
   worker::AttentionCache& cache() override { return *seq_; }
   absl::Status AfterPrefill() override { return absl::OkStatus(); }
   absl::Status AfterStep() override { return absl::OkStatus(); }
+  absl::Status BetweenTurns() override { return seq_->Retier(); }
   EvalCost Cost() const override {
     const worker::SequenceReport r = seq_->Report();
     EvalCost c;
@@ -60,6 +66,11 @@ class RuntimeSequence final : public EvalSequence {
     c.t0_mean_bytes = r.t0_mean_bytes;
     c.full_peak_bytes = r.full_bytes;  // full only grows
     c.full_mean_bytes = r.full_mean_bytes;
+    c.t0_now_bytes = r.t0_bytes;
+    c.full_now_bytes = r.full_bytes;
+    double all = 0;
+    for (uint64_t t : r.tokens) all += t;
+    c.evicted_fraction = all > 0 ? r.tokens[tiering::kNumTiers - 1] / all : 0;
     c.ddr_bytes = r.ddr_bytes;
     c.compressed_bytes = r.compressed_bytes;
     c.offload_bytes = r.offload_bytes;
@@ -104,20 +115,14 @@ class MaskSequence final : public EvalSequence {
     const auto t = Clock::now();
     if (h2o_ != nullptr) {
       // H2O seeds its scores with the prompt's attention column sums.
-      const uint32_t rows = probe_.stored_queries(), L = probe_.Length(0);
-      probe_.ComputeRows(rows, rows_);
-      std::vector<float> sums(size_t{shape_.num_layers} * shape_.num_q_heads * L, 0.f);
-      for (size_t lh = 0; lh < size_t{shape_.num_layers} * shape_.num_q_heads; ++lh) {
-        for (uint32_t r = 0; r < rows; ++r) {
-          const float* src = rows_.data() + (lh * rows + r) * L;
-          for (uint32_t p = 0; p < L; ++p) sums[lh * L + p] += src[p];
-        }
-      }
-      RETURN_IF_ERROR(h2o_->SeedPrefill(sums, L));
+      std::vector<float> sums;
+      probe_.ColumnSums(sums);
+      RETURN_IF_ERROR(h2o_->SeedPrefill(sums, probe_.Length(0)));
       probe_.set_query_capacity(1);
     }
     RETURN_IF_ERROR(Retier());
     if (config_.policy == "rkv") probe_.set_query_capacity(8);
+    if (config_.policy == "snapkv") probe_.set_query_capacity(1);
     seconds_ += Since(t);
     Account();
     return absl::OkStatus();
@@ -130,9 +135,20 @@ class MaskSequence final : public EvalSequence {
       probe_.ComputeRows(1, rows_);
       RETURN_IF_ERROR(h2o_->AddStep(rows_, probe_.Length(0)));
     }
-    if (step_ % options_.retier_interval == 0) RETURN_IF_ERROR(Retier());
+    if (step_ % options_.retier_interval == 0 && config_.policy != "snapkv") {
+      RETURN_IF_ERROR(Retier());
+    }
     seconds_ += Since(t);
     Account();
+    return absl::OkStatus();
+  }
+
+  // SnapKV compresses the prompt once; the others re-select at the new length.
+  absl::Status BetweenTurns() override {
+    if (config_.policy == "snapkv") return absl::OkStatus();
+    const auto t = Clock::now();
+    RETURN_IF_ERROR(Retier());
+    seconds_ += Since(t);
     return absl::OkStatus();
   }
 
@@ -148,6 +164,10 @@ class MaskSequence final : public EvalSequence {
     }
     const double generated = double(L - prompt_) * shape_.num_layers * shape_.num_kv_heads;
     c.evicted_generated_fraction = generated > 0 ? evicted / generated : 0;
+    uint64_t dropped = 0;
+    for (uint8_t k : mask_.keep) dropped += !k;
+    const double all = double(L) * shape_.num_layers * shape_.num_kv_heads;
+    c.evicted_fraction = all > 0 ? dropped / all : 0;
     c.tier_seconds = seconds_;
     return c;
   }
@@ -155,6 +175,7 @@ class MaskSequence final : public EvalSequence {
  private:
   static uint32_t QueryCapacity(const std::string& policy, uint64_t prompt) {
     if (policy == "h2o") return static_cast<uint32_t>(prompt);  // prefill column sums
+    if (policy == "snapkv") return tiering::SnapKvConfig{}.window;
     return policy == "rkv" ? 8 : 1;
   }
 
@@ -177,6 +198,19 @@ class MaskSequence final : public EvalSequence {
         }
       }
       return next;
+    }
+    if (config_.policy == "snapkv") {
+      const uint32_t queries = std::min<uint32_t>(probe_.stored_queries(), L);
+      probe_.ComputeRows(queries, rows_);
+      tiering::SnapKvConfig c;
+      c.budget_tokens = budget;
+      return tiering::SnapKvSelect({.num_layers = shape_.num_layers,
+                                    .num_q_heads = shape_.num_q_heads,
+                                    .num_kv_heads = shape_.num_kv_heads,
+                                    .length = L,
+                                    .queries = queries,
+                                    .attention = rows_},
+                                   c);
     }
     tiering::RkvConfig c;  // rkv
     c.budget_tokens = std::max<uint64_t>(budget, c.alpha);
@@ -289,6 +323,14 @@ class ArkvSequence final : public EvalSequence {
     return absl::OkStatus();
   }
 
+  absl::Status BetweenTurns() override {
+    const auto t = Clock::now();
+    probe_.ComputeRows(std::min<uint32_t>(1, probe_.stored_queries()), rows_);
+    RETURN_IF_ERROR(Retier(std::min<uint32_t>(1, probe_.stored_queries())));
+    seconds_ += Since(t);
+    return absl::OkStatus();
+  }
+
   EvalCost Cost() const override {
     EvalCost c;
     series_.Fill(c);
@@ -311,6 +353,15 @@ class ArkvSequence final : public EvalSequence {
     }
     const double generated = double(L - prompt_) * p.num_groups;
     c.evicted_generated_fraction = generated > 0 ? evicted / generated : 0;
+    uint64_t t3 = 0;
+    for (uint32_t grp = 0; grp < p.num_groups; ++grp) {
+      for (uint32_t page = 0; page < p.num_pages; ++page) {
+        if (p.at(grp, page) != tiering::Tier::kT3) continue;
+        const uint64_t b = uint64_t{page} * g.page_tokens;
+        t3 += std::min<uint64_t>(b + g.page_tokens, L) - std::min<uint64_t>(b, L);
+      }
+    }
+    c.evicted_fraction = L > 0 ? double(t3) / (double(L) * p.num_groups) : 0;
     const auto& m = store_->stats().move_bytes;
     using tiering::Tier;
     const auto at = [&](Tier a, Tier b) { return m[int(a)][int(b)]; };
@@ -341,6 +392,9 @@ class ArkvSequence final : public EvalSequence {
     tiering::TieringConfig config;
     config.page_tokens = options_.page_tokens;
     config.retier_interval = options_.retier_interval;
+    config.window_tokens = options_.window_tokens;
+    config.sink_tokens = options_.sink_tokens;
+    config.protect_prompt = options_.protect_prompt;
     config.budgets.evict_ratio = config_.evict_ratio;
     config.budgets.hbm_ratio = 1.0;
     const tiering::Placement current = store_->placement();
@@ -411,15 +465,19 @@ absl::StatusOr<worker::WorkerRuntime*> EvalContext::Runtime(const std::string& c
 }
 
 absl::StatusOr<std::unique_ptr<EvalSequence>> EvalContext::Open(const EvalConfig& config,
-                                                                uint64_t prompt_tokens) {
+                                                                uint64_t prompt_tokens,
+                                                                uint64_t protected_prompt_begin) {
   if (config.policy == "full" || config.policy == "hierarchy") {
     ASSIGN_OR_RETURN(worker::WorkerRuntime * runtime, Runtime(config.codec));
     worker::SequenceOptions o;
     o.policy = config.policy;
     o.prompt_tokens = prompt_tokens;
+    o.protected_prompt_begin = protected_prompt_begin;
     o.tag = "kvtier-eval";
     o.tiering.retier_interval = options_.retier_interval;
     o.tiering.window_tokens = options_.window_tokens;
+    o.tiering.sink_tokens = options_.sink_tokens;
+    o.tiering.protect_prompt = options_.protect_prompt;
     o.tiering.budgets = {.evict_ratio = config.evict_ratio,
                          .hbm_ratio = config.hbm_ratio,
                          .compress_ratio = config.compress_ratio};
@@ -436,7 +494,8 @@ absl::StatusOr<std::unique_ptr<EvalSequence>> EvalContext::Open(const EvalConfig
                                              .num_q_heads = shape_.num_q_heads,
                                              .scale = shape_.scale,
                                              .codec = config.codec};
-  if (config.policy == "h2o" || config.policy == "streaming" || config.policy == "rkv") {
+  if (config.policy == "h2o" || config.policy == "streaming" || config.policy == "rkv" ||
+      config.policy == "snapkv") {
     store_options.keep_mask = true;
     ASSIGN_OR_RETURN(auto store, worker::TieredKvStore::Create(store_options, {&arena_}));
     auto seq =

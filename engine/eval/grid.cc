@@ -34,12 +34,13 @@ std::string EvalConfig::Name() const {
 }
 
 absl::Status ValidateConfig(const EvalConfig& c) {
-  static const char* kPolicies[] = {"hierarchy", "h2o", "streaming", "rkv", "arkv"};
+  static const char* kPolicies[] = {"hierarchy", "h2o", "streaming", "rkv", "snapkv", "arkv"};
   bool known = false;
   for (const char* p : kPolicies) known |= c.policy == p;
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "policy \"", c.policy, "\" is unknown (hierarchy | h2o | streaming | rkv | arkv)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy \"", c.policy,
+                     "\" is unknown (hierarchy | h2o | streaming | rkv | snapkv | arkv)"));
   }
   if (!worker::codecs::FindCodec(c.codec).ok()) {
     return absl::InvalidArgumentError(
@@ -83,6 +84,34 @@ absl::StatusOr<std::vector<EvalConfig>> MakeGrid(const std::string& name) {
     for (const char* codec : {"int8_kivi", "fp8_e4m3", "minmax"}) {
       grid.push_back(Hierarchy(0.5, 0.0, 0.5, codec));
     }
+  } else if (name == "tasks") {
+    // The retrieval tasks' grid (docs/evaluation.md): hierarchy β × r, with T2 (γ = 0.25 per
+    // codec), and at the same T0 share β the eviction baselines; ARKV keeps 1 − r.
+    for (double beta : {0.1, 0.25, 0.5}) {
+      for (double r : {0.0, 0.03, 0.1, 0.3}) grid.push_back(Hierarchy(beta, r));
+      for (const char* codec : {"int8_kivi", "fp8_e4m3"}) {
+        grid.push_back(Hierarchy(beta, 0.0, 0.25, codec));
+      }
+      for (const char* p : {"h2o", "streaming", "rkv", "snapkv"}) {
+        grid.push_back({.policy = p, .hbm_ratio = beta});
+      }
+      grid.push_back({.policy = "arkv", .evict_ratio = 1 - beta});
+    }
+  } else if (name == "tasks-small") {
+    // What two shared cores finish in about an hour (docs/evaluation.md).
+    for (double beta : {0.1, 0.25}) {
+      for (double r : {0.0, 0.1, 0.3}) grid.push_back(Hierarchy(beta, r));
+      for (const char* p : {"h2o", "streaming", "rkv", "snapkv"}) {
+        grid.push_back({.policy = p, .hbm_ratio = beta});
+      }
+    }
+    grid.push_back(Hierarchy(0.25, 0.0, 0.25, "int8_kivi"));
+    grid.push_back({.policy = "arkv", .evict_ratio = 0.75});
+  } else if (name == "tasks-quick") {
+    for (double beta : {0.1, 0.25, 0.5}) grid.push_back(Hierarchy(beta, 0.0));
+    grid.push_back(Hierarchy(0.25, 0.3));
+    grid.push_back({.policy = "streaming", .hbm_ratio = 0.25});
+    grid.push_back({.policy = "snapkv", .hbm_ratio = 0.25});
   } else if (name == "quick") {
     for (double beta : {0.3, 0.5, 0.7}) grid.push_back(Hierarchy(beta, 0.0));
     grid.push_back(Hierarchy(0.5, 0.1));
@@ -92,8 +121,9 @@ absl::StatusOr<std::vector<EvalConfig>> MakeGrid(const std::string& name) {
     grid.push_back({.policy = "arkv", .evict_ratio = 0.03});
     grid.push_back(Hierarchy(0.5, 0.0, 0.25, "int8_kivi"));
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--grid \"", name, "\" is unknown (paper | headline | quick)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--grid \"", name,
+        "\" is unknown (paper | headline | quick | tasks | tasks-small | tasks-quick)"));
   }
   return grid;
 }

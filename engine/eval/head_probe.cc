@@ -66,39 +66,59 @@ uint32_t HeadProbeCache::stored_queries() const {
   return queries_.empty() ? 0 : static_cast<uint32_t>(queries_[0].size());
 }
 
+void HeadProbeCache::Row(uint32_t layer, size_t query, uint32_t head, float* dst,
+                         std::vector<float>& logits) const {
+  const uint32_t L = inner_->Length(0), hd = shape_.head_dim;
+  const uint32_t kv = head / (shape_.num_q_heads / shape_.num_kv_heads);
+  const float* qh = queries_[layer][query].data() + size_t{head} * hd;
+  const uint32_t qpos = query_pos_[layer][query];
+  logits.resize(L);
+  double m = -INFINITY;
+  for (uint32_t p = 0; p <= qpos && p < L; ++p) {
+    if (Dropped(layer, kv, p)) continue;
+    const float* k = keys_[layer].data() + (size_t{p} * shape_.num_kv_heads + kv) * hd;
+    float s = 0;
+    for (uint32_t d = 0; d < hd; ++d) s += qh[d] * k[d];
+    logits[p] = s * shape_.scale;
+    m = std::max(m, double{logits[p]});
+  }
+  double sum = 0;
+  for (uint32_t p = 0; p <= qpos && p < L; ++p) {
+    if (Dropped(layer, kv, p)) continue;
+    const double e = std::exp(logits[p] - m);
+    dst[p] = static_cast<float>(e);
+    sum += e;
+  }
+  if (sum > 0) {
+    for (uint32_t p = 0; p <= qpos && p < L; ++p) dst[p] = static_cast<float>(dst[p] / sum);
+  }
+}
+
 void HeadProbeCache::ComputeRows(uint32_t rows, std::vector<float>& out) const {
-  const uint32_t L = inner_->Length(0), H = shape_.num_q_heads, hd = shape_.head_dim;
-  const uint32_t group = H / shape_.num_kv_heads;
+  const uint32_t L = inner_->Length(0), H = shape_.num_q_heads;
   out.assign(size_t{shape_.num_layers} * H * rows * L, 0.f);
-  std::vector<float> logits(L);
+  std::vector<float> logits;
   for (uint32_t l = 0; l < shape_.num_layers; ++l) {
     const size_t nq = queries_[l].size();
     for (uint32_t r = 0; r < rows; ++r) {
-      const std::vector<float>& q = queries_[l][nq - rows + r];
-      const uint32_t qpos = query_pos_[l][nq - rows + r];
       for (uint32_t h = 0; h < H; ++h) {
-        const uint32_t kv = h / group;
-        const float* qh = q.data() + size_t{h} * hd;
-        float* dst = out.data() + ((size_t{l} * H + h) * rows + r) * L;
-        double m = -INFINITY;
-        for (uint32_t p = 0; p <= qpos && p < L; ++p) {
-          if (Dropped(l, kv, p)) continue;
-          const float* k = keys_[l].data() + (size_t{p} * shape_.num_kv_heads + kv) * hd;
-          float s = 0;
-          for (uint32_t d = 0; d < hd; ++d) s += qh[d] * k[d];
-          logits[p] = s * shape_.scale;
-          m = std::max(m, double{logits[p]});
-        }
-        double sum = 0;
-        for (uint32_t p = 0; p <= qpos && p < L; ++p) {
-          if (Dropped(l, kv, p)) continue;
-          const double e = std::exp(logits[p] - m);
-          dst[p] = static_cast<float>(e);
-          sum += e;
-        }
-        if (sum > 0) {
-          for (uint32_t p = 0; p <= qpos && p < L; ++p) dst[p] = static_cast<float>(dst[p] / sum);
-        }
+        Row(l, nq - rows + r, h, out.data() + ((size_t{l} * H + h) * rows + r) * L, logits);
+      }
+    }
+  }
+}
+
+void HeadProbeCache::ColumnSums(std::vector<float>& out) const {
+  const uint32_t L = inner_->Length(0), H = shape_.num_q_heads;
+  out.assign(size_t{shape_.num_layers} * H * L, 0.f);
+  std::vector<float> logits, row(L);
+  for (uint32_t l = 0; l < shape_.num_layers; ++l) {
+    for (size_t q = 0; q < queries_[l].size(); ++q) {
+      for (uint32_t h = 0; h < H; ++h) {
+        std::fill(row.begin(), row.end(), 0.f);
+        Row(l, q, h, row.data(), logits);
+        float* dst = out.data() + (size_t{l} * H + h) * L;
+        for (uint32_t p = 0; p < L; ++p) dst[p] += row[p];
       }
     }
   }

@@ -37,12 +37,20 @@ class HeadProbeCache final : public worker::AttentionCache {
   // positions of the current length L: out = [num_layers][num_q_heads][rows][L] (0 where
   // masked or in the future of the query).
   void ComputeRows(uint32_t rows, std::vector<float>& out) const;
+  // Column sums of the softmax rows of every stored query: [num_layers][num_q_heads][L]
+  // (ComputeRows summed over rows, without holding the rows).
+  void ColumnSums(std::vector<float>& out) const;
   // Keys as [num_layers][num_kv_heads][L][head_dim].
   void KeysByHead(std::vector<float>& out) const;
   uint32_t stored_queries() const;
   const worker::AttentionShape& shape() const { return shape_; }
 
  private:
+  // Softmax row of stored query `query` of `layer`, head `head`, into dst[0, L) (dst's masked
+  // and future entries are left as they are).
+  void Row(uint32_t layer, size_t query, uint32_t head, float* dst,
+           std::vector<float>& logits) const;
+
   worker::AttentionShape shape_;
   worker::AttentionCache* inner_;
   uint32_t query_capacity_;

@@ -146,7 +146,9 @@ class TieredCache(Cache):
     ``compress_ratio`` γ (share of live candidates in 8-bit T2), ``codec`` ("int8_kivi",
     "fp8_e4m3"), ``page_tokens``, ``daemon`` ("unix:/run/kvtier/kvtierd.sock"; None = local pools
     in this process). The protected set and Δ: ``sink_tokens``, ``window_tokens``,
-    ``protect_prompt``, ``retier_interval``.
+    ``protect_prompt`` (True / "all": the whole prompt stays in T0; False / "none": it competes
+    for T0 like any token; "last-turn": only the prompt from ``protected_prompt_begin``, the
+    token where the last user turn starts, is protected), ``retier_interval``.
 
     Needs the model loaded with ``attn_implementation="kvtier"`` (after ``import kvtier.hf``).
     """
@@ -163,7 +165,8 @@ class TieredCache(Cache):
         *,
         sink_tokens: int = 4,
         window_tokens: int = 128,
-        protect_prompt: bool = True,
+        protect_prompt: bool | str = True,
+        protected_prompt_begin: int = 0,
         retier_interval: int = 64,
         tag: str = "transformers",
         local_ddr_bytes: int = 2 << 30,
@@ -195,7 +198,26 @@ class TieredCache(Cache):
         self.daemon = daemon
         self.sink_tokens = int(sink_tokens)
         self.window_tokens = int(window_tokens)
-        self.protect_prompt = bool(protect_prompt)
+        modes = {True: "all", False: "none", "all": "all", "none": "none", "last-turn": "last-turn"}
+        if not isinstance(protect_prompt, (bool, str)) or protect_prompt not in modes:
+            raise ValueError(
+                f"TieredCache: protect_prompt={protect_prompt!r} is not True, False, 'all', "
+                "'none' or 'last-turn'"
+            )
+        self.protect_mode = modes[protect_prompt]
+        self.protect_prompt = self.protect_mode != "none"
+        if int(protected_prompt_begin) < 0:
+            raise ValueError(
+                f"TieredCache: protected_prompt_begin={protected_prompt_begin} must be >= 0"
+            )
+        if self.protect_mode == "last-turn" and int(protected_prompt_begin) == 0:
+            raise ValueError(
+                "TieredCache: protect_prompt='last-turn' needs protected_prompt_begin, the token "
+                "where the last user turn starts"
+            )
+        self.protected_prompt_begin = (
+            int(protected_prompt_begin) if self.protect_mode == "last-turn" else 0
+        )
         self.retier_interval = int(retier_interval)
         self.tag = tag
         self.local_ddr_bytes = int(local_ddr_bytes)
@@ -328,6 +350,7 @@ class TieredCache(Cache):
             sink_tokens=self.sink_tokens,
             window_tokens=self.window_tokens,
             protect_prompt=self.protect_prompt,
+            protected_prompt_begin=self.protected_prompt_begin,
             retier_interval=self.retier_interval,
             tag=self.tag if batch == 1 else f"{self.tag}[{row}]",
         )

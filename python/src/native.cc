@@ -401,10 +401,11 @@ NB_MODULE(_native, m) {
           [](Runtime& r, const std::string& policy, uint64_t prompt_tokens, double hbm_ratio,
              double evict_ratio, double compress_ratio, uint32_t sink_tokens,
              uint32_t window_tokens, bool protect_prompt, uint32_t retier_interval,
-             const std::string& tag) {
+             const std::string& tag, uint64_t protected_prompt_begin) {
             kvtier::worker::SequenceOptions o;
             o.policy = policy;
             o.prompt_tokens = prompt_tokens;
+            o.protected_prompt_begin = protected_prompt_begin;
             o.tag = tag;
             o.tiering.page_tokens = r.options().page_tokens;
             o.tiering.sink_tokens = sink_tokens;
@@ -419,8 +420,10 @@ NB_MODULE(_native, m) {
           nb::kw_only(), "policy"_a = "hierarchy", "prompt_tokens"_a, "hbm_ratio"_a = 1.0,
           "evict_ratio"_a = 0.0, "compress_ratio"_a = 0.0, "sink_tokens"_a = 4,
           "window_tokens"_a = 128, "protect_prompt"_a = true, "retier_interval"_a = 64,
-          "tag"_a = "", nb::keep_alive<0, 1>(),
-          "A new tiered sequence; its prompt is [0, prompt_tokens).")
+          "tag"_a = "", "protected_prompt_begin"_a = 0, nb::keep_alive<0, 1>(),
+          "A new tiered sequence; its prompt is [0, prompt_tokens). With protect_prompt, the "
+          "prompt from protected_prompt_begin on stays in T0 (the start of the last user turn "
+          "protects that turn only).")
       .def_prop_ro("daemon_mode", &Runtime::daemon_mode)
       .def_prop_ro("worker_id", &Runtime::worker_id)
       .def_prop_ro("arena_used_bytes", &Runtime::arena_used_bytes);

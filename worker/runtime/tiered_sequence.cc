@@ -236,7 +236,8 @@ absl::Status TieredSequence::Rejoin() {
 absl::StatusOr<tiering::Placement> TieredSequence::LocalTarget(
     const std::vector<float>& page_scores, bool allow_offloads) {
   const tiering::Placement current = store_->placement();
-  tiering::SequenceState state{options_.prompt_tokens, store_->Length(0)};
+  tiering::SequenceState state{options_.prompt_tokens, store_->Length(0),
+                               options_.protected_prompt_begin};
   ASSIGN_OR_RETURN(tiering::Decision decision,
                    policy_->DecideDetailed({state, current, page_scores}));
   report_.protected_overflow_plans += decision.protected_overflow_tokens > 0;
@@ -417,7 +418,7 @@ absl::Status TieredSequence::CollectPlan() {
 void TieredSequence::Account() {
   const layout::KvGeometry& g = store_->geometry();
   const uint64_t length = store_->Length(0);
-  tiering::SequenceState state{options_.prompt_tokens, length};
+  tiering::SequenceState state{options_.prompt_tokens, length, options_.protected_prompt_begin};
   const tiering::Placement placement = store_->placement();
   absl::StatusOr<tiering::PlacementReport> r = tiering::Report(placement, state, g);
   if (!r.ok()) return;

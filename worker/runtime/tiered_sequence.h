@@ -55,6 +55,10 @@ struct SequenceOptions {
   std::string policy = "hierarchy";  // full | hierarchy | streaming (h2o/rkv/arkv: eval only)
   tiering::TieringConfig tiering;    // budgets, protected set, Δ (page_tokens: the worker's)
   uint64_t prompt_tokens = 0;
+  // With tiering.protect_prompt: the first protected prompt position (0 = the whole prompt;
+  // the start of the last user turn protects that turn only). Local planning only: kvtierd
+  // protects the whole prompt.
+  uint64_t protected_prompt_begin = 0;
   std::string tag;  // shown by kvtierctl sequences
 };
 

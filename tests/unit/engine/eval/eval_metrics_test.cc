@@ -98,8 +98,9 @@ TEST(Grid, PaperGridHasEveryRowOfTheIssue) {
 TEST(Grid, RejectsUnknownPolicyCodecAndBadRatios) {
   EXPECT_TRUE(ParseConfig("hierarchy:hbm=0.3,evict=0.1").ok());
   EXPECT_EQ(ParseConfig("h2o:hbm=0.5")->hbm_ratio, 0.5);
-  auto policy = ParseConfig("snapkv:hbm=0.5");
-  EXPECT_NE(policy.status().message().find("snapkv"), std::string::npos);
+  EXPECT_TRUE(ParseConfig("snapkv:hbm=0.5").ok());
+  auto policy = ParseConfig("quest:hbm=0.5");
+  EXPECT_NE(policy.status().message().find("quest"), std::string::npos);
   auto codec = ParseConfig("hierarchy:compress=0.2,codec=int4");
   EXPECT_NE(codec.status().message().find("int4"), std::string::npos);
   EXPECT_FALSE(ParseConfig("hierarchy:evict=1.5").ok());
