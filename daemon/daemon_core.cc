@@ -31,6 +31,7 @@ constexpr size_t kMaxNameBytes = 256;
 constexpr uint32_t kMaxLayers = 4096, kMaxKvHeads = 4096, kMaxHeadDim = 16384;
 constexpr uint32_t kMaxPageTokens = 1u << 16;
 constexpr uint64_t kMaxPromptTokens = 1ull << 32;
+constexpr uint64_t kMaxLength = 1ull << 32;  // positions of one sequence (open, heartbeats)
 // A slot may exceed one page of the declared geometry by this factor at most (alignment and
 // padding of the worker's own layout); a compressed slot may exceed a full one by as much.
 constexpr uint64_t kMaxSlotSlack = 2;
@@ -79,8 +80,20 @@ absl::StatusOr<layout::KvGeometry> ValidateGeometry(const v1::RegisterWorkerRequ
 
 std::string SafeText(const std::string& s) { return s.substr(0, kMaxNameBytes); }
 
-v1::PoolKind WireKind(layout::PoolKind kind) {
-  return kind == layout::PoolKind::kDdr ? v1::POOL_KIND_DDR : v1::POOL_KIND_COMPRESSED;
+// A heartbeat's sequence sizes into `lengths` (replacing them), or INVALID_ARGUMENT naming the
+// field, the value and the limit (and nothing taken).
+absl::Status TakeSizes(const v1::HeartbeatRequest& r, uint32_t max_sizes,
+                       absl::flat_hash_map<uint64_t, uint64_t>& lengths) {
+  if (r.sequences_size() == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckMax("sequences (entries; limits.max_sequences_per_worker)",
+                           static_cast<uint64_t>(r.sequences_size()), max_sizes));
+  for (int i = 0; i < r.sequences_size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckMax(absl::StrCat("sequences[", i, "].length"), r.sequences(i).length(), kMaxLength));
+  }
+  lengths.clear();
+  for (const v1::SequenceSize& size : r.sequences()) lengths[size.sequence_id()] = size.length();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -153,6 +166,7 @@ DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics
   lease_ttl_ = options.lease_ttl;
   heartbeat_interval_ = options.heartbeat_interval;
   issued_below_ = id_base_;
+  max_sizes_ = options.max_sequences_per_worker;
 }
 
 DaemonCoreImpl::~DaemonCoreImpl() {
@@ -513,7 +527,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> DaemonCoreImpl::RegisterLocked(
   {
     PiMutexLock lease_lock(&lease_mu_);
     const absl::Duration now = clock_->Now();
-    leases_[w.id] = Lease{w.secret, w.peer.uid, now, now, 0};
+    leases_[w.id] = Lease{w.secret, w.peer.uid, now, now, 0, {}};
+    w.registered = now;
     issued_below_ = w.id + 1;
   }
   v1::RegisterWorkerResponse resp;
@@ -592,6 +607,7 @@ absl::StatusOr<v1::HeartbeatResponse> DaemonCoreImpl::RenewLease(
   if (channel_peer == nullptr) lease.last_call = lease.last_seen;
   RETURN_IF_ERROR(ValidateStepSeconds(r.step_seconds()));
   lease.step_seconds = r.step_seconds();
+  RETURN_IF_ERROR(TakeSizes(r, max_sizes_, lease.lengths));
   v1::HeartbeatResponse resp;
   resp.set_lease_ttl_ms(Ms(lease_ttl_));
   resp.set_heartbeat_interval_ms(Ms(heartbeat_interval_));
@@ -608,6 +624,7 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
     const v1::OpenSequenceRequest& r) {
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
   RETURN_IF_ERROR(CheckMax("prompt_tokens", r.prompt_tokens(), kMaxPromptTokens));
+  RETURN_IF_ERROR(CheckMax("length", r.length(), kMaxLength));
   RETURN_IF_ERROR(CheckMax("tag length", r.tag().size(), kMaxNameBytes));
   ASSIGN_OR_RETURN(PolicySpec policy, ValidatePolicy(r.policy(), w->geometry.page_tokens));
   if (w->sequences.size() >= options_.max_sequences_per_worker) {
@@ -626,6 +643,7 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
   s.tag = r.tag();
   s.policy = std::move(policy);
   s.prompt_tokens = r.prompt_tokens();
+  s.open_length = r.length();
   s.placement.num_groups = w->geometry.layer_groups;
   s.placement.num_pages = 0;
   w->sequences.insert(s.id);
@@ -717,129 +735,6 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchLocked(const edge::PeerCre
   return reply;
 }
 
-// What GetStatus shows, copied under mu_ in one go (a consistent view); the reply's lists are
-// built from it after the lock is released.
-struct DaemonCoreImpl::StatusRows {
-  v1::GetStatusResponse head;  // everything but the lists
-  struct Worker {
-    uint64_t id = 0;
-    std::string name, model_name;
-    int32_t pid = 0;
-    uint32_t uid = 0, sequences = 0;
-    std::array<uint64_t, 2> pool_bytes{};
-    uint64_t lease_remaining_ms = 0;
-    std::string link_id;
-    double h2d_grant = 0, step_seconds = 0;
-  };
-  struct Sequence {
-    uint64_t id = 0, worker_id = 0, length = 0, plan_version = 0;
-    std::string tag, policy;
-    PlacementFigures figures;
-  };
-  std::vector<Worker> workers;
-  std::vector<Sequence> sequences;
-};
-
-absl::StatusOr<v1::GetStatusResponse> DaemonCoreImpl::GetStatus(
-    const v1::GetStatusRequest& request) {
-  StatusRows rows;
-  {
-    PiMutexLock lock(&mu_);
-    rows = StatusRowsLocked(request);
-  }
-  v1::GetStatusResponse resp = std::move(rows.head);
-  for (const StatusRows::Worker& w : rows.workers) {
-    v1::WorkerStatus* ws = resp.add_worker_list();
-    ws->set_worker_id(w.id);
-    ws->set_worker_name(w.name);
-    ws->set_pid(w.pid);
-    ws->set_uid(w.uid);
-    ws->set_model_name(w.model_name);
-    ws->set_sequences(w.sequences);
-    ws->set_ddr_bytes(w.pool_bytes[0]);
-    ws->set_compressed_bytes(w.pool_bytes[1]);
-    ws->set_lease_remaining_ms(w.lease_remaining_ms);
-    ws->set_link_id(w.link_id);
-    ws->set_h2d_grant_bytes_per_second(w.h2d_grant);
-    ws->set_step_seconds(w.step_seconds);
-  }
-  for (const StatusRows::Sequence& s : rows.sequences) {
-    v1::SequenceStatus* ss = resp.add_sequence_list();
-    ss->set_sequence_id(s.id);
-    ss->set_worker_id(s.worker_id);
-    ss->set_tag(s.tag);
-    ss->set_policy(s.policy);
-    ss->set_length(s.length);
-    ss->set_plan_version(s.plan_version);
-    s.figures.ToProto(ss->mutable_report());
-  }
-  return Count(Metrics::Rpc::kGetStatus, absl::StatusOr<v1::GetStatusResponse>(std::move(resp)));
-}
-
-DaemonCoreImpl::StatusRows DaemonCoreImpl::StatusRowsLocked(const v1::GetStatusRequest& r) {
-  const absl::Duration now = clock_->Now();
-  // Draining extents let go of since the reaper last looked are shown returned, not draining.
-  if (!draining_.empty()) ReleaseDrainedLocked();
-  StatusRows rows;
-  v1::GetStatusResponse& resp = rows.head;
-  resp.set_version(KVTIER_VERSION);
-  resp.set_daemon_epoch(epoch_);
-  resp.set_uptime_ms(Ms(now - start_));
-  resp.set_listen_address(options_.listen_address);
-  resp.set_metrics_address(options_.metrics_address);
-  resp.set_workers(static_cast<uint32_t>(workers_.size()));
-  resp.set_sequences(static_cast<uint32_t>(sequences_.size()));
-  for (int i = 0; i < 2; ++i) {
-    const PoolBudget& pool = *pools_[i];
-    v1::PoolStatus* p = resp.add_pools();
-    p->set_kind(WireKind(pool.kind()));
-    p->set_shm_name(absl::StrCat("memfd:", pool.label(), " (", pool.extents_out(), " x ",
-                                 pool.extent_bytes() >> 20, " MiB extents)"));
-    p->set_capacity_bytes(pool.capacity());
-    p->set_used_bytes(used_bytes_[i]);
-    p->set_slots_used(slots_used_[i]);
-    p->set_draining_bytes(draining_bytes_[i]);
-    p->set_reserved_bytes(pool.reserved_bytes());
-  }
-  resp.set_hbm_saved_bytes(total_full_bytes_ - total_t0_bytes_);
-  // Whose workers and sequences the caller may see: an operator's, its own, or none.
-  bool all = false;
-  uint64_t own = 0;
-  if (!r.operator_ticket().empty()) {
-    absl::StatusOr<Ticket> t = RedeemTicketLocked(r.operator_ticket(), false, "operator_ticket");
-    all = t.ok() && t->operator_view;
-  }
-  if (!all && r.worker_id() != 0) {
-    auto it = workers_.find(r.worker_id());
-    if (it != workers_.end() && edge::SecretsEqual(r.session_secret(), it->second.secret)) {
-      own = it->first;
-    }
-  }
-  resp.set_view(all ? "all" : own != 0 ? "own" : "none");
-  if (r.include_workers()) {
-    PiMutexLock lease_lock(&lease_mu_);
-    for (const auto& [id, w] : workers_) {
-      if (!all && id != own) continue;
-      auto lease = leases_.find(id);
-      const absl::Duration left = lease == leases_.end()
-                                      ? absl::ZeroDuration()
-                                      : lease->second.last_seen + lease_ttl_ - now;
-      rows.workers.push_back({id, w.name, w.model_name, w.pid, w.peer.uid,
-                              static_cast<uint32_t>(w.sequences.size()), w.pool_bytes,
-                              left > absl::ZeroDuration() ? Ms(left) : 0, w.link.id, w.h2d_grant,
-                              StepSecondsLocked(id)});
-    }
-  }
-  if (r.include_sequences()) {
-    for (const auto& [id, s] : sequences_) {
-      if (!all && s->worker_id != own) continue;
-      rows.sequences.push_back(
-          {id, s->worker_id, s->length, s->last_applied, s->tag, s->policy.name, s->figures});
-    }
-  }
-  return rows;
-}
-
 int DaemonCoreImpl::ReapExpired() {
   PiMutexLock lock(&mu_);
   std::vector<uint64_t> expired;
@@ -913,6 +808,7 @@ absl::Status DaemonCoreImpl::Reload(const CoreOptions& options, std::vector<std:
   PiMutexLock lease_lock(&lease_mu_);
   lease_ttl_ = ttl;
   heartbeat_interval_ = beat;
+  max_sizes_ = options.max_sequences_per_worker;
   return absl::OkStatus();
 }
 

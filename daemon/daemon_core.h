@@ -129,6 +129,9 @@ class DaemonCore {
   virtual absl::StatusOr<v1::CloseWorkerResponse> CloseWorker(
       const v1::CloseWorkerRequest& request) = 0;
   virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request) = 0;
+  // Everything an operator's GetStatus shows, for the daemon's own status page (kvtierd serves it
+  // beside /metrics; who may read it is whoever may reach that address). Not counted as a request.
+  virtual v1::GetStatusResponse OperatorStatus() = 0;
 
   // The memory channel's requests. `peer` is what the kernel said about the caller.
   // Hello: a ticket when the peer may register (PERMISSION_DENIED naming the rule otherwise).

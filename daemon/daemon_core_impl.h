@@ -23,6 +23,7 @@
 #include "daemon/metrics.h"
 #include "daemon/pi_mutex.h"
 #include "daemon/placement_figures.h"
+#include "daemon/plan_counts.h"
 #include "daemon/slot_allocator.h"
 #include "daemon/tiering_adapter.h"
 #include "daemon/worker_memory.h"
@@ -33,6 +34,10 @@ namespace kvtier::daemon::internal {
 // The extent size a budget of `capacity` bytes is handed out in: `configured`, but at most a
 // sixteenth of the budget (at least 2 MiB) and never more than the budget; a multiple of 4 KiB.
 uint64_t EffectiveExtentBytes(uint64_t configured, uint64_t capacity);
+
+inline v1::PoolKind WireKind(layout::PoolKind kind) {
+  return kind == layout::PoolKind::kDdr ? v1::POOL_KIND_DDR : v1::POOL_KIND_COMPRESSED;
+}
 
 // Index 0 = T1 (DDR), 1 = T2 (compressed).
 inline int PoolIndex(tiering::Tier t) { return t == tiering::Tier::kT2 ? 1 : 0; }
@@ -64,6 +69,8 @@ struct WorkerRec {
   LinkDecl link;
   uint64_t scheduled_bytes = 0;
   double h2d_grant = 0;
+  absl::Duration registered;  // by the injected clock
+  PlanCounts plans;           // its sequences' plans, closed ones included
 };
 
 // What a heartbeat reads and renews, kept apart from the registry so that renewing it never
@@ -77,6 +84,9 @@ struct Lease {
   absl::Duration last_seen;  // any authenticated request renews it
   absl::Duration last_call;  // the last request on the gRPC socket (the unread guard's question)
   double step_seconds = 0;   // the last reported step time (0 = none)
+  // Sequence lengths the last heartbeat that carried any reported, by sequence id (at most
+  // max_sequences_per_worker): status grows the acknowledged figures by them.
+  absl::flat_hash_map<uint64_t, uint64_t> lengths;
 };
 
 // A request over the memory channel speaks for a worker only from the uid that registered it
@@ -135,7 +145,9 @@ struct SequenceRec {
   std::string tag;
   PolicySpec policy;
   uint64_t prompt_tokens = 0;
-  uint64_t length = 0;
+  uint64_t length = 0;       // of the last snapshot
+  uint64_t open_length = 0;  // OpenSequenceRequest.length
+  PlanCounts plans;
   tiering::Placement placement;  // acknowledged placement
   // The slot of every page placement puts in T1/T2, by placement index (group-major); pages in
   // T0 and T3 have none. Sparse: a sequence of 2M T0 pages costs 2 MB of tiers, not 48 MB.
@@ -217,6 +229,7 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::StatusOr<v1::CloseWorkerResponse> CloseWorker(
       const v1::CloseWorkerRequest& request) override;
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request) override;
+  v1::GetStatusResponse OperatorStatus() override;
   absl::StatusOr<v1::ChannelReply> Hello(const edge::PeerCredentials& peer) override;
   absl::StatusOr<v1::ChannelReply> FetchExtents(const edge::PeerCredentials& peer,
                                                 const v1::FetchExtents& request,
@@ -301,7 +314,14 @@ class DaemonCoreImpl final : public DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // GetStatus copies what it shows under mu_ (StatusRowsLocked) and builds the reply without it.
   struct StatusRows;
-  StatusRows StatusRowsLocked(const v1::GetStatusRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `local_operator`: the daemon's own view (its status page), every worker and sequence.
+  v1::GetStatusResponse StatusFor(const v1::GetStatusRequest& r, bool local_operator);
+  StatusRows StatusRowsLocked(const v1::GetStatusRequest& r, bool local_operator)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rows of the workers and sequences `all` (or worker `own`'s) shows, with the links they
+  // use (daemon_status.cc).
+  void ListLocked(bool all, uint64_t own, const v1::GetStatusRequest& r, absl::Duration now,
+                  StatusRows& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::ChannelReply> HelloLocked(const edge::PeerCredentials& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::ChannelReply> FetchLocked(const edge::PeerCredentials& peer,
@@ -452,6 +472,8 @@ class DaemonCoreImpl final : public DaemonCore {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(lease_mu_);
   // Worker ids below this were issued by this daemon (a heartbeat's "expired" vs "unknown").
   uint64_t issued_below_ ABSL_GUARDED_BY(lease_mu_) = 0;
+  // A copy of options_.max_sequences_per_worker: the most sizes one heartbeat may carry.
+  uint32_t max_sizes_ ABSL_GUARDED_BY(lease_mu_) = 0;
 };
 
 }  // namespace kvtier::daemon::internal

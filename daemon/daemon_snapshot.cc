@@ -532,6 +532,9 @@ absl::StatusOr<std::shared_ptr<v1::TierPlan>> DaemonCoreImpl::PlanLocked(Sequenc
   pending.snapshot_fingerprint = prep.fingerprint;
   s.pending = std::move(pending);
   ++s.next_version;
+  const absl::Duration now = clock_->Now();
+  s.plans.Add(now, plan->degraded());
+  w.plans.Add(now, plan->degraded());
   UpdateGaugesLocked();
   return plan;
 }

@@ -62,4 +62,20 @@ PlacementFigures ComputeFigures(const layout::KvGeometry& geo, const tiering::Pl
   return f;
 }
 
+PlacementFigures GrowFigures(const layout::KvGeometry& geo, PlacementFigures f,
+                             uint64_t prompt_tokens, uint64_t from, uint64_t to) {
+  if (to <= from) return f;
+  const uint64_t added = to - from;
+  f.tokens[0] += added;
+  f.t0_bytes += added * geo.BytesPerToken();
+  f.full_bytes += added * geo.BytesPerToken();
+  // The evicted generated positions stay as many; the generated ones grow.
+  const uint64_t generated_before = from > prompt_tokens ? from - prompt_tokens : 0;
+  if (to > prompt_tokens) {
+    f.evicted_fraction_generated *=
+        static_cast<double>(generated_before) / static_cast<double>(to - prompt_tokens);
+  }
+  return f;
+}
+
 }  // namespace kvtier::daemon

@@ -27,6 +27,12 @@ PlacementFigures ComputeFigures(const layout::KvGeometry& geometry,
                                 const tiering::Placement& placement, uint64_t prompt_tokens,
                                 uint64_t length);
 
+// The figures `f` of a placement over `from` positions once the sequence holds `to` (> from):
+// the positions past `from` are in T0, where a snapshot's new pages at the tail are. What status
+// shows between re-tierings, when a heartbeat or the open said how long a sequence is.
+PlacementFigures GrowFigures(const layout::KvGeometry& geometry, PlacementFigures f,
+                             uint64_t prompt_tokens, uint64_t from, uint64_t to);
+
 }  // namespace kvtier::daemon
 
 #endif  // KVTIER_DAEMON_PLACEMENT_FIGURES_H_

@@ -1,6 +1,5 @@
 // kvtierctl: the operator's view of a running kvtierd.
 
-#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
@@ -8,10 +7,13 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/kvtierctl/plan_command.h"
+#include "client/kvtierctl/status_view.h"
 #include "client/kvtierctl/table.h"
+#include "client/kvtierctl/top_command.h"
 #include "edge/health_probe.h"
 #include "edge/memory_channel.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -145,6 +147,50 @@ int Health(const std::string& socket, double timeout_s, bool json) {
   return 1;
 }
 
+// The ticket that lets GetStatus list every worker and sequence: the memory channel beside the
+// unix socket checks our uid against security.operator_uids. Empty, with `note` saying why, when
+// it does not (or over TCP, where the daemon cannot tell who asks).
+std::string OperatorTicket(const std::string& socket, bool tcp, std::string* note) {
+  if (tcp) {
+    *note = "over TCP the daemon cannot tell who asks";
+    return "";
+  }
+  v1::ChannelRequest hello;
+  hello.mutable_hello();
+  absl::StatusOr<v1::ChannelReply> ticket =
+      edge::ChannelCall(edge::ChannelPathFor(socket), hello, nullptr);
+  if (ticket.ok() && ticket->operator_()) return ticket->ticket();
+  *note = ticket.ok()
+              ? absl::StrCat("uid ", ticket->peer_uid(),
+                             " is not in security.operator_uids; to grant it, "
+                             "add `[security] operator_uids = [",
+                             ticket->peer_uid(), "]` to kvtierd's config and send it SIGHUP")
+              : std::string(ticket.status().message());
+  return "";
+}
+
+// `kvtierctl top`'s source: one GetStatus with every list per frame.
+TopSource TopFrom(const std::string& socket, const std::string& address, int timeout_ms) {
+  const std::string target = address.empty() ? "unix:" + socket : address;
+  auto stub = std::shared_ptr<v1::KvTier::Stub>(
+      v1::KvTier::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())));
+  return [=]() -> absl::StatusOr<TopFetch> {
+    TopFetch got;
+    v1::GetStatusRequest request;
+    request.set_include_workers(true);
+    request.set_include_sequences(true);
+    request.set_operator_ticket(OperatorTicket(socket, !address.empty(), &got.note));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+    grpc::Status status = stub->GetStatus(&ctx, request, &got.status);
+    if (!status.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach kvtierd at ", target, ": ", status.error_message()));
+    }
+    return got;
+  };
+}
+
 }  // namespace
 }  // namespace kvtier::ctl
 
@@ -176,10 +222,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ctl::PlanArgs plan_args;
   CLI::App* plan = ctl::AddPlanCommand(app, &plan_args);
+  ctl::TopArgs top_args;
+  CLI::App* top = ctl::AddTopCommand(app, &top_args);
   CLI11_PARSE(app, argc, argv);
   if (plan->parsed()) {
     plan_args.json |= json;
     return ctl::RunPlan(plan_args);
+  }
+  if (top->parsed()) {
+    top_args.json |= json;
+    return ctl::RunTop(top_args, ctl::TopFrom(socket, address, timeout_ms));
   }
   const std::string command = app.get_subcommands()[0]->get_name();
   if (command == "health") {
@@ -202,23 +254,8 @@ int main(int argc, char** argv) {
   // Lists of workers and sequences are for operators: the memory channel beside the unix
   // socket checks our uid against security.operator_uids and hands out a ticket that says so.
   std::string view_note;
-  if (address.empty() && (command == "workers" || command == "sequences")) {
-    v1::ChannelRequest hello;
-    hello.mutable_hello();
-    absl::StatusOr<v1::ChannelReply> ticket =
-        edge::ChannelCall(edge::ChannelPathFor(socket), hello, nullptr);
-    if (ticket.ok() && ticket->operator_()) {
-      request.set_operator_ticket(ticket->ticket());
-    } else {
-      view_note = ticket.ok() ? absl::StrCat("uid ", ticket->peer_uid(),
-                                             " is not in security.operator_uids; to grant it, "
-                                             "add `[security] operator_uids = [",
-                                             ticket->peer_uid(),
-                                             "]` to kvtierd's config and send it SIGHUP")
-                              : std::string(ticket.status().message());
-    }
-  } else if (!address.empty() && (command == "workers" || command == "sequences")) {
-    view_note = "over TCP the daemon cannot tell who asks";
+  if (command == "workers" || command == "sequences") {
+    request.set_operator_ticket(ctl::OperatorTicket(socket, !address.empty(), &view_note));
   }
   v1::GetStatusResponse response;
   grpc::Status status = stub->GetStatus(&ctx, request, &response);
@@ -228,13 +265,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (json) {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    options.always_print_primitive_fields = true;
-    options.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(response, &out, options);
-    std::fputs(out.c_str(), stdout);
+    std::fputs(ctl::StatusJson(response, /*multiline=*/true).c_str(), stdout);
     return 0;
   }
   std::string table = command == "status"    ? ctl::StatusTable(response)

@@ -12,13 +12,20 @@ bool LooksNumeric(const std::string& cell) {
   return !cell.empty() && (std::isdigit(static_cast<unsigned char>(cell[0])) || cell[0] == '-');
 }
 
+// Columns on a terminal: UTF-8 continuation bytes take none ("—" is one column, three bytes).
+size_t DisplayWidth(const std::string& cell) {
+  return static_cast<size_t>(std::count_if(cell.begin(), cell.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
 }  // namespace
 
 std::string Table::Render() const {
   std::vector<size_t> width(header_.size(), 0);
   auto widen = [&](const std::vector<std::string>& row) {
     for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
-      width[i] = std::max(width[i], row[i].size());
+      width[i] = std::max(width[i], DisplayWidth(row[i]));
     }
   };
   widen(header_);
@@ -27,7 +34,7 @@ std::string Table::Render() const {
   auto emit = [&](const std::vector<std::string>& row, bool header) {
     for (size_t i = 0; i < width.size(); ++i) {
       const std::string cell = i < row.size() ? row[i] : "";
-      std::string pad(width[i] - cell.size(), ' ');
+      std::string pad(width[i] - DisplayWidth(cell), ' ');
       out += (!header && align_numbers_ && LooksNumeric(cell)) ? pad + cell : cell + pad;
       out += i + 1 < width.size() ? "  " : "";
     }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -108,6 +109,11 @@ class WorkerClientImpl final : public WorkerClient {
   // cannot import it), registers again asking for memfd pools, unless the worker required CUDA
   // VMM (registration.pool_memory).
   absl::Status Register() {
+    {
+      // A new session's sequences are re-opened under new ids, which report anew.
+      absl::MutexLock lock(&lengths_mu_);
+      lengths_.clear();
+    }
     const v1::PoolMemory asked = options_.registration.pool_memory();
     std::string vmm_error;
     absl::Status s = RegisterAs(FallenBack() ? v1::POOL_MEMORY_MEMFD : asked, &vmm_error);
@@ -241,10 +247,11 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   absl::StatusOr<uint64_t> OpenSequence(uint64_t prompt_tokens, const v1::PolicyConfig& policy,
-                                        const std::string& tag) override {
+                                        const std::string& tag, uint64_t length) override {
     v1::OpenSequenceRequest request;
     Sign(&request);
     request.set_prompt_tokens(prompt_tokens);
+    request.set_length(length);
     *request.mutable_policy() = policy;
     request.set_tag(tag);
     v1::OpenSequenceResponse response;
@@ -293,6 +300,10 @@ class WorkerClientImpl final : public WorkerClient {
     v1::CloseSequenceRequest request;
     Sign(&request);
     request.set_sequence_id(sequence_id);
+    {
+      absl::MutexLock lock(&lengths_mu_);
+      lengths_.erase(sequence_id);
+    }
     v1::CloseSequenceResponse response;
     return Call(&v1::KvTier::Stub::CloseSequence, request, &response);
   }
@@ -316,11 +327,24 @@ class WorkerClientImpl final : public WorkerClient {
     step_seconds_.store(std::isfinite(seconds) ? std::clamp(seconds, 0.0, 600.0) : 0.0);
   }
 
+  void ReportSequenceLength(uint64_t sequence_id, uint64_t length) override {
+    absl::MutexLock lock(&lengths_mu_);
+    lengths_[sequence_id] = length;
+  }
+
   absl::Status HeartbeatOnce() override {
     v1::HeartbeatRequest request;
     const uint64_t signed_as = Sign(&request);
     if (!connected() && signed_as == 0) return RegisterAgain(0);
     request.set_step_seconds(step_seconds_.load());
+    {
+      absl::MutexLock lock(&lengths_mu_);
+      for (const auto& [id, length] : lengths_) {
+        v1::SequenceSize* size = request.add_sequences();
+        size->set_sequence_id(id);
+        size->set_length(length);
+      }
+    }
     {
       absl::MutexLock lock(&mu_);
       request.set_daemon_epoch(epoch_);
@@ -477,6 +501,9 @@ class WorkerClientImpl final : public WorkerClient {
   std::shared_ptr<const edge::cuda::Driver> cuda_ ABSL_GUARDED_BY(mu_);
   absl::Status cuda_error_ ABSL_GUARDED_BY(mu_);
   std::atomic<double> step_seconds_{0};
+  // ReportSequenceLength's figures, by sequence id, for the heartbeats.
+  absl::Mutex lengths_mu_;
+  absl::flat_hash_map<uint64_t, uint64_t> lengths_ ABSL_GUARDED_BY(lengths_mu_);
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stop_ = false;

@@ -4,7 +4,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server_posix.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -21,6 +20,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -32,7 +32,9 @@
 #include "daemon/kvtierd/grpc_acceptor.h"
 #include "daemon/kvtierd/listen.h"
 #include "daemon/kvtierd/logger.h"
+#include "daemon/kvtierd/metrics_server.h"
 #include "daemon/kvtierd/reload.h"
+#include "daemon/kvtierd/status_page.h"
 #include "daemon/kvtierd/unread_guard.h"
 #include "daemon/metrics.h"
 #include "daemon/pool_backend.h"
@@ -309,17 +311,19 @@ int Serve(const Flags& flags, DaemonConfig config) {
   }
   config.core.security.pool_gid = *pool_gid;
   std::unique_ptr<Metrics> metrics = Metrics::Create();
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsServer> exposer;
   if (!config.server.metrics_address.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(config.server.metrics_address);
-    } catch (const std::exception& e) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> served =
+        MetricsServer::Start(config.server.metrics_address, metrics->registry());
+    if (!served.ok()) {
       log.Error(absl::StrCat("cannot serve metrics on ", config.server.metrics_address, ": ",
-                             e.what(), " (set server.metrics or --metrics; \"\" turns it off)"));
+                             served.status().message(),
+                             " (set server.metrics or --metrics; \"\" turns it off)"));
       return 1;
     }
-    exposer->RegisterCollectable(metrics->registry());
-    log.Info(absl::StrCat("metrics on http://", config.server.metrics_address, "/metrics"));
+    exposer = *std::move(served);
+    log.Info(absl::StrCat("metrics on http://", config.server.metrics_address,
+                          "/metrics, status page on http://", config.server.metrics_address, "/"));
   }
   absl::StatusOr<std::string> pool_memory = ResolvePoolBackend(
       &config.core, [&config] { return edge::cuda::Driver::Load(config.core.cuda_library); });
@@ -335,6 +339,13 @@ int Serve(const Flags& flags, DaemonConfig config) {
     return 1;
   }
   (*core)->PrepareSpareExtents();  // the first workers' grants need not make extents
+  if (exposer != nullptr) {
+    exposer->SetStatusPage([c = core->get()] { return RenderStatusPage(c->OperatorStatus()); });
+  }
+  // Before the core goes (on every return): waits for pages being rendered from it.
+  absl::Cleanup page_off = [&exposer] {
+    if (exposer != nullptr) exposer->SetStatusPage(nullptr);
+  };
   log.Info(absl::StrCat("pools ready: DDR ", config.core.ddr_pool_bytes >> 20, " MiB, compressed ",
                         config.core.compressed_pool_bytes >> 20, " MiB"));
 
@@ -432,6 +443,7 @@ int Serve(const Flags& flags, DaemonConfig config) {
   channel_server.reset();
   unlink(channel_path.c_str());
   server.reset();
+  std::move(page_off).Invoke();
   core->reset();  // unmaps and removes the pools
   log.Info("stopped");
   return 0;

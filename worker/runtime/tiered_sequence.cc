@@ -158,6 +158,9 @@ absl::Status TieredSequence::PullDeviceScores() {
 absl::Status TieredSequence::EndForwardPass(uint32_t n) {
   if (!store_->backend().device_scores()) RETURN_IF_ERROR(AddHostScores());
   MeasureStep();
+  // The daemon hears the length with the next heartbeat, not only at the next re-tiering.
+  if (client_ != nullptr && !orphaned_)
+    client_->ReportSequenceLength(sequence_id_, store_->Length(0));
   if (!prefilled_) {
     prefilled_ = true;
     step_ = 0;
@@ -218,8 +221,8 @@ absl::Status TieredSequence::Rejoin() {
   }
   auto ddr_pool = PoolOverMapping(PoolKind::kDdr, *ddr);
   auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, *compressed);
-  ASSIGN_OR_RETURN(uint64_t id,
-                   client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag));
+  ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options_.prompt_tokens, wire_policy_,
+                                                      options_.tag, store_->Length(0)));
   RETURN_IF_ERROR(store_->RebindPools(ddr_pool.get(), compressed_pool.get()));
   ddr_pool_ = std::move(ddr_pool);
   compressed_pool_ = std::move(compressed_pool);

@@ -114,9 +114,11 @@ class WorkerClient {
   // The pools of the current registration (null before the first success).
   virtual std::shared_ptr<PoolMapping> pool(v1::PoolKind kind) const = 0;
 
+  // `length`: positions the sequence already holds (one re-opened after a lost session), 0 for a
+  // new one; the daemon shows it until a heartbeat or snapshot says more.
   virtual absl::StatusOr<uint64_t> OpenSequence(uint64_t prompt_tokens,
                                                 const v1::PolicyConfig& policy,
-                                                const std::string& tag) = 0;
+                                                const std::string& tag, uint64_t length = 0) = 0;
   // Fills worker_id; the rest of the snapshot is the caller's.
   virtual absl::StatusOr<v1::TierPlan> SubmitSnapshot(v1::SubmitSnapshotRequest snapshot) = 0;
   virtual absl::Status AckPlan(uint64_t sequence_id, uint64_t plan_version, bool applied,
@@ -131,6 +133,10 @@ class WorkerClient {
   // daemon turns the worker's share of its host link into bytes per step with it (prefetch
   // schedules). Non-finite or negative values count as 0 (unknown); at most 600 s.
   virtual void ReportStepSeconds(double seconds) = 0;
+  // A sequence's length now (positions written), sent with every heartbeat so that the daemon's
+  // status shows its size between re-tierings. Cheap (call it every step); CloseSequence forgets
+  // it, and so does a new session (its sequences are re-opened with their lengths).
+  virtual void ReportSequenceLength(uint64_t sequence_id, uint64_t length) = 0;
   // Why this worker's pools are memfd although the daemon offered CUDA VMM memory (the driver's
   // error, naming the pool); "" when they are not.
   virtual std::string pool_fallback_reason() const = 0;

@@ -57,6 +57,11 @@ class SimWorker {
   // Drops sequence `i` locally without telling the daemon (it forgot it in a restart).
   void Forget(int i) { sequences_.erase(i); }
   WorkerClient& client() { return *client_; }
+  // The daemon's id of sequence `i` (0 when there is none).
+  uint64_t sequence_id(int i) const {
+    auto it = sequences_.find(i);
+    return it == sequences_.end() ? 0 : it->second.id;
+  }
   const SimStats& stats() const { return stats_; }
   size_t open_sequences() const { return sequences_.size(); }
 

@@ -42,6 +42,14 @@ struct Env {
   std::unique_ptr<DaemonCore> core;
 };
 
+// WorkerRequest's T1 page, and the pages of tier `t` in a tier string (group-major, one byte each).
+inline constexpr uint64_t kT1Slot = 8192;
+inline int CountTier(const std::string& tiers, int t) {
+  int n = 0;
+  for (char c : tiers) n += c == t;
+  return n;
+}
+
 // This process as the kernel would name it on the memory channel.
 inline edge::PeerCredentials SelfPeer() { return {getuid(), getgid(), getpid(), {}}; }
 

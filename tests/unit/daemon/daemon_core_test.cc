@@ -22,13 +22,8 @@ using testing::RampScores;
 using testing::SimWorker;
 using testing::SmallOptions;
 
-constexpr uint64_t kT1Slot = 8192;
-
-int CountTier(const std::string& tiers, int t) {
-  int n = 0;
-  for (char c : tiers) n += c == t;
-  return n;
-}
+using testing::CountTier;
+using testing::kT1Slot;
 
 TEST(DaemonCoreTest, RegisterReturnsASessionAndPoolsOfItsOwnExtents) {
   Env env;

@@ -25,7 +25,14 @@ std::string Fingerprint(DaemonCore* core) {
   r.set_operator_ticket(testing::Ticket(core));  // this process runs as the daemon's uid
   auto st = core->GetStatus(r);
   EXPECT_TRUE(st.ok());
-  for (auto& w : *st->mutable_worker_list()) w.clear_lease_remaining_ms();
+  // What the clock alone changes: lease and session ages, rates that decay.
+  for (auto& w : *st->mutable_worker_list()) {
+    w.clear_lease_remaining_ms();
+    w.clear_lease_age_ms();
+    w.clear_session_age_ms();
+    w.clear_plans_per_second();
+  }
+  for (auto& s : *st->mutable_sequence_list()) s.clear_plans_per_second();
   st->clear_uptime_ms();
   return st->SerializeAsString();
 }
