@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -14,6 +15,7 @@
 #include "client/kvtierctl/status_view.h"
 #include "client/kvtierctl/table.h"
 #include "client/kvtierctl/top_command.h"
+#include "edge/daemon_socket.h"
 #include "edge/health_probe.h"
 #include "edge/memory_channel.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -112,7 +114,8 @@ std::string JsonString(const std::string& s) {
 
 // `kvtierctl health`: the probe a worker's view needs (edge/health_probe.h), one line per check;
 // exit 0 when every check passed, 1 naming the failed ones otherwise.
-int Health(const std::string& socket, double timeout_s, bool json) {
+int Health(const edge::SocketChoice& choice, double timeout_s, bool json) {
+  const std::string& socket = choice.path;
   edge::HealthReport report = edge::ProbeHealth(
       {.socket_path = socket, .timeout = absl::Seconds(std::max(0.001, timeout_s))});
   if (json) {
@@ -142,8 +145,10 @@ int Health(const std::string& socket, double timeout_s, bool json) {
     }
   }
   if (report.ok()) return 0;
-  std::fprintf(stderr, "kvtierctl: kvtierd at %s is unhealthy: %s failed\n", socket.c_str(),
-               report.FailedChecks().c_str());
+  const std::string problem = edge::SocketProblem(socket);
+  std::fprintf(stderr, "kvtierctl: kvtierd at %s is unhealthy: %s failed%s\n",
+               choice.Describe().c_str(), report.FailedChecks().c_str(),
+               problem.empty() ? "" : absl::StrCat(" (", problem, ")").c_str());
   return 1;
 }
 
@@ -197,13 +202,13 @@ TopSource TopFrom(const std::string& socket, const std::string& address, int tim
 int main(int argc, char** argv) {
   using namespace kvtier;
   CLI::App app{"kvtierctl: inspect a running kvtierd."};
-  std::string socket = "/run/kvtier/kvtierd.sock";
+  std::optional<std::string> socket_flag;
   std::string address;
   bool json = false;
   int timeout_ms = 3000;
-  app.add_option("--socket", socket, "kvtierd's unix socket")
-      ->envname("KVTIER_SOCKET")
-      ->capture_default_str();
+  app.add_option("--socket", socket_flag,
+                 absl::StrCat("kvtierd's unix socket (default: $", edge::kSocketEnv,
+                              " if set, else ", edge::kDefaultSocketPath, ")"));
   app.add_option("--address", address, "Connect to a gRPC address instead (e.g. 127.0.0.1:50551)");
   app.add_flag("--json", json, "Print the daemon's answer as JSON, for scripts");
   app.add_option("--timeout-ms", timeout_ms, "Give up after this long")->capture_default_str();
@@ -229,6 +234,8 @@ int main(int argc, char** argv) {
     plan_args.json |= json;
     return ctl::RunPlan(plan_args);
   }
+  const edge::SocketChoice socket_choice = edge::ChooseSocket(socket_flag);
+  const std::string& socket = socket_choice.path;
   if (top->parsed()) {
     top_args.json |= json;
     return ctl::RunTop(top_args, ctl::TopFrom(socket, address, timeout_ms));
@@ -241,7 +248,7 @@ int main(int argc, char** argv) {
                    "beside it, and a worker uses both\n");
       return 2;
     }
-    return ctl::Health(socket, health_timeout_s, json);
+    return ctl::Health(socket_choice, health_timeout_s, json);
   }
 
   const std::string target = address.empty() ? "unix:" + socket : address;
@@ -260,8 +267,12 @@ int main(int argc, char** argv) {
   v1::GetStatusResponse response;
   grpc::Status status = stub->GetStatus(&ctx, request, &response);
   if (!status.ok()) {
-    std::fprintf(stderr, "kvtierctl: cannot reach kvtierd at %s: %s\n", target.c_str(),
-                 status.error_message().c_str());
+    // Over the socket, say which path was tried, where it came from and what is wrong with it.
+    const std::string problem = address.empty() ? edge::SocketProblem(socket) : "";
+    std::fprintf(
+        stderr, "kvtierctl: cannot reach kvtierd at %s: %s\n",
+        address.empty() ? absl::StrCat("unix:", socket_choice.Describe()).c_str() : target.c_str(),
+        problem.empty() ? status.error_message().c_str() : problem.c_str());
     return 1;
   }
   if (json) {

@@ -320,6 +320,11 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view
   return config;
 }
 
+std::string ResolveMetricsAddress(const std::string& metrics, const std::string& socket_path) {
+  if (metrics != kMetricsAuto) return metrics;
+  return socket_path == edge::kDefaultSocketPath ? kHostMetricsAddress : "";
+}
+
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));

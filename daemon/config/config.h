@@ -9,15 +9,22 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/daemon_core.h"
+#include "edge/daemon_socket.h"
 
 namespace kvtier::daemon {
 
 enum class LogLevel { kDebug, kInfo, kWarning, kError };
 
+// server.metrics = "auto" (the default): the host's daemon, the one on edge::kDefaultSocketPath,
+// serves metrics on kHostMetricsAddress (where the packaged Prometheus scrape file looks); any
+// other daemon serves none unless configured, so several daemons on a host never collide.
+inline constexpr char kMetricsAuto[] = "auto";
+inline constexpr char kHostMetricsAddress[] = "127.0.0.1:9464";
+
 struct ServerOptions {
-  std::string socket_path = "/run/kvtier/kvtierd.sock";
-  std::string tcp_address;                         // empty = off; loopback only
-  std::string metrics_address = "127.0.0.1:9464";  // empty = off
+  std::string socket_path = edge::kDefaultSocketPath;
+  std::string tcp_address;                     // empty = off; loopback only
+  std::string metrics_address = kMetricsAuto;  // empty = off; "auto"; host:port
   LogLevel log_level = LogLevel::kInfo;
   absl::Duration reap_interval = absl::Milliseconds(500);
   int policy_threads = 2;  // threads that run snapshots; 0 = gRPC's callback threads
@@ -71,6 +78,9 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view
 
 // Reads and parses a file; NOT_FOUND when it cannot be read.
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+
+// What server.metrics means for a daemon serving `socket_path`: "" (off) or host:port.
+std::string ResolveMetricsAddress(const std::string& metrics, const std::string& socket_path);
 
 std::string_view LogLevelName(LogLevel level);
 absl::StatusOr<LogLevel> ParseLogLevel(std::string_view name);

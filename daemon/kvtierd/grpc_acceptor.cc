@@ -77,10 +77,10 @@ absl::StatusOr<edge::UniqueFd> ListenUnix(const std::string& path) {
   return fd;
 }
 
-absl::StatusOr<edge::UniqueFd> ListenTcp(const std::string& address, int* port) {
+absl::StatusOr<edge::UniqueFd> ListenTcp(const std::string& address, int* port, const char* field) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("server.tcp \"", address, "\" has no port"));
+    return absl::InvalidArgumentError(absl::StrCat(field, " \"", address, "\" has no port"));
   }
   std::string host = address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -94,9 +94,9 @@ absl::StatusOr<edge::UniqueFd> ListenTcp(const std::string& address, int* port) 
   addrinfo* found = nullptr;
   if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("server.tcp \"", address, "\": ", gai_strerror(rc)));
+        absl::StrCat(field, " \"", address, "\": ", gai_strerror(rc)));
   }
-  absl::Status last = absl::UnavailableError(absl::StrCat("server.tcp \"", address, "\""));
+  absl::Status last = absl::UnavailableError(absl::StrCat(field, " \"", address, "\""));
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     edge::UniqueFd fd(socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     const int one = 1;

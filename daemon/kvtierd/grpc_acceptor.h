@@ -32,7 +32,9 @@ namespace kvtier::daemon {
 absl::StatusOr<edge::UniqueFd> ListenUnix(const std::string& path);
 // A listening TCP socket on `address` ("127.0.0.1:PORT", "localhost:PORT", "[::1]:PORT"; port
 // 0 picks one); `port` gets the port bound. Never SO_REUSEPORT: a second daemon must fail.
-absl::StatusOr<edge::UniqueFd> ListenTcp(const std::string& address, int* port);
+// `field` (the config key) names the address in errors.
+absl::StatusOr<edge::UniqueFd> ListenTcp(const std::string& address, int* port,
+                                         const char* field = "server.tcp");
 
 // The most connections the descriptor limit allows: half of RLIMIT_NOFILE, the rest left to
 // extents, pools and the memory channel.

@@ -15,12 +15,14 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -39,6 +41,7 @@
 #include "daemon/metrics.h"
 #include "daemon/pool_backend.h"
 #include "daemon/service/service.h"
+#include "edge/daemon_socket.h"
 #include "edge/health_probe.h"
 #include "edge/memory_channel.h"
 #include "edge/message_limits.h"
@@ -48,19 +51,39 @@ namespace {
 
 struct Flags {
   std::string config_path;
-  std::optional<std::string> socket, tcp, metrics, log_level;
+  std::optional<std::string> socket, tcp, metrics, log_level;  // set: overrides the config
   bool print_default_config = false;
   bool check_config = false;
 };
 
-absl::StatusOr<DaemonConfig> LoadConfig(const Flags& flags) {
+// Where the socket and the metrics address came from, for the log and for errors.
+struct Origins {
+  std::string socket;   // "--socket", "KVTIER_SOCKET", "server.socket in FILE", ...
+  std::string metrics;  // "--metrics", "server.metrics = \"auto\" ..." , ...
+};
+
+absl::StatusOr<DaemonConfig> LoadConfig(const Flags& flags, Origins* origins = nullptr) {
   absl::StatusOr<DaemonConfig> config =
       flags.config_path.empty() ? ParseConfig(DefaultConfigText(), "<built-in defaults>")
                                 : LoadConfigFile(flags.config_path);
   if (!config.ok()) return config;
-  if (flags.socket) config->server.socket_path = *flags.socket;
+  const std::string from_config =
+      flags.config_path.empty() ? "the built-in default" : absl::StrCat("in ", flags.config_path);
+  const edge::SocketChoice socket = edge::ChooseSocket(
+      flags.socket, config->server.socket_path,
+      flags.config_path.empty() ? from_config : absl::StrCat("server.socket ", from_config));
+  config->server.socket_path = socket.path;
   if (flags.tcp) config->server.tcp_address = *flags.tcp;
   if (flags.metrics) config->server.metrics_address = *flags.metrics;
+  const std::string metrics_origin =
+      flags.metrics ? "--metrics"
+      : config->server.metrics_address == kMetricsAuto
+          ? absl::StrCat("server.metrics = \"auto\" ", from_config, ": on only for the daemon on ",
+                         edge::kDefaultSocketPath)
+          : absl::StrCat("server.metrics ", from_config);
+  config->server.metrics_address =
+      ResolveMetricsAddress(config->server.metrics_address, config->server.socket_path);
+  if (origins != nullptr) *origins = {socket.Describe(), metrics_origin};
   if (flags.log_level) {
     auto level = ParseLogLevel(*flags.log_level);
     if (!level.ok()) {
@@ -296,10 +319,38 @@ std::unique_ptr<grpc::Server> BuildGrpcServer(const DaemonConfig& config, KvTier
   return builder.BuildAndStart();
 }
 
-int Serve(const Flags& flags, DaemonConfig config) {
+// Prometheus' endpoint on server.metrics. The port is tried first, so that one in use (another
+// kvtierd given the same port, or another program) is an error naming it and what to change.
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string& address,
+                                                            const std::string& origin,
+                                                            std::shared_ptr<prometheus::Registry> registry) {
+  const std::string fix = absl::StrCat(
+      "; set server.metrics (or --metrics) to a free loopback port, or \"\" for no metrics (",
+      origin, ")");
+  int port = 0;
+  if (absl::StatusOr<edge::UniqueFd> probe = ListenTcp(address, &port, "server.metrics");
+      !probe.ok()) {
+    const bool in_use = absl::StrContains(probe.status().message(), std::strerror(EADDRINUSE));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", probe.status().message(),
+                     in_use ? absl::StrCat(" (another process listens there: ss -ltnp 'sport = :",
+                                           address.substr(address.rfind(':') + 1), "')")
+                            : "",
+                     fix));
+  }
+  absl::StatusOr<std::unique_ptr<MetricsServer>> served = MetricsServer::Start(address, std::move(registry));
+  if (!served.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", served.status().message(), fix));
+  }
+  return served;
+}
+
+int Serve(const Flags& flags, DaemonConfig config, const Origins& origins) {
   Logger log(config.server.log_level);
   log.Info(absl::StrCat("starting kvtierd ", KVTIER_VERSION, " (config: ",
-                        flags.config_path.empty() ? "built-in defaults" : flags.config_path, ")"));
+                        flags.config_path.empty() ? "built-in defaults" : flags.config_path,
+                        "; socket ", origins.socket, ")"));
   if (auto s = PrepareUnixSocketPath(config.server.socket_path); !s.ok()) {
     log.Error(std::string(s.message()));
     return 1;
@@ -312,18 +363,19 @@ int Serve(const Flags& flags, DaemonConfig config) {
   config.core.security.pool_gid = *pool_gid;
   std::unique_ptr<Metrics> metrics = Metrics::Create();
   std::unique_ptr<MetricsServer> exposer;
-  if (!config.server.metrics_address.empty()) {
+  if (config.server.metrics_address.empty()) {
+    log.Info(absl::StrCat("metrics off (", origins.metrics, ")"));
+  } else {
     absl::StatusOr<std::unique_ptr<MetricsServer>> served =
-        MetricsServer::Start(config.server.metrics_address, metrics->registry());
+        ServeMetrics(config.server.metrics_address, origins.metrics, metrics->registry());
     if (!served.ok()) {
-      log.Error(absl::StrCat("cannot serve metrics on ", config.server.metrics_address, ": ",
-                             served.status().message(),
-                             " (set server.metrics or --metrics; \"\" turns it off)"));
+      log.Error(std::string(served.status().message()));
       return 1;
     }
     exposer = *std::move(served);
     log.Info(absl::StrCat("metrics on http://", config.server.metrics_address,
-                          "/metrics, status page on http://", config.server.metrics_address, "/"));
+                          "/metrics, status page on http://", config.server.metrics_address,
+                          "/ (", origins.metrics, ")"));
   }
   absl::StatusOr<std::string> pool_memory = ResolvePoolBackend(
       &config.core, [&config] { return edge::cuda::Driver::Load(config.core.cuda_library); });
@@ -476,10 +528,13 @@ int main(int argc, char** argv) {
       "answers workers' scoring snapshots with tier plans."};
   Flags flags;
   app.add_option("-c,--config", flags.config_path, "TOML config file (default: built-in defaults)");
-  app.add_option("--socket", flags.socket, "Unix socket path (overrides server.socket)");
+  app.add_option("--socket", flags.socket,
+                 absl::StrCat("Unix socket path (default: $", kvtier::edge::kSocketEnv,
+                              " if set, else server.socket)"));
   app.add_option("--tcp", flags.tcp, "Also listen on this loopback host:port (server.tcp)");
   app.add_option("--metrics", flags.metrics,
-                 "Prometheus endpoint host:port, \"\" = off (server.metrics)");
+                 "Prometheus endpoint host:port, \"\" = off (default: server.metrics, \"auto\": "
+                 "127.0.0.1:9464 for the daemon on /run/kvtier/kvtierd.sock, off for others)");
   app.add_option("--log-level", flags.log_level, "debug | info | warning | error");
   app.add_flag("--print-default-config", flags.print_default_config,
                "Print the documented default config and exit");
@@ -492,7 +547,8 @@ int main(int argc, char** argv) {
                 kvtier::daemon::DefaultConfigText().size(), stdout);
     return 0;
   }
-  absl::StatusOr<kvtier::daemon::DaemonConfig> config = kvtier::daemon::LoadConfig(flags);
+  kvtier::daemon::Origins origins;
+  absl::StatusOr<kvtier::daemon::DaemonConfig> config = kvtier::daemon::LoadConfig(flags, &origins);
   if (!config.ok()) {
     std::fprintf(stderr, "kvtierd: %s\n", std::string(config.status().message()).c_str());
     return 2;
@@ -501,5 +557,5 @@ int main(int argc, char** argv) {
     std::printf("kvtierd: config OK\n");
     return 0;
   }
-  return kvtier::daemon::Serve(flags, *std::move(config));
+  return kvtier::daemon::Serve(flags, *std::move(config), origins);
 }

@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "edge/daemon_socket.h"
 #include "engine/forward_pass.h"
 #include "engine/model_path.h"
 
@@ -17,9 +19,16 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
+// --daemon when given, else $KVTIER_SOCKET when set (naming a daemon asks for it), else "" (local
+// pools).
 std::string DaemonAddress(const std::string& flag) {
-  if (flag.empty() || flag.rfind("unix:", 0) == 0) return flag;
-  return flag.find(':') != std::string::npos ? flag : "unix:" + flag;
+  std::string where = flag;
+  if (where.empty()) {
+    const edge::SocketChoice env = edge::ChooseSocket(std::nullopt, "");
+    where = env.path;
+  }
+  if (where.empty() || where.rfind("unix:", 0) == 0) return where;
+  return where.find(':') != std::string::npos ? where : "unix:" + where;
 }
 
 int RunGenerate(const CliArgs& args) {
@@ -183,8 +192,13 @@ void DeclareCli(CLI::App& app, CliArgs& args) {
   gen->add_option("--retier-interval", o.retier_interval, "Δ: decode steps between re-tierings")
       ->capture_default_str();
   DeclareProtectedSet(*gen, o.sink_tokens, o.protect_prompt);
-  auto* daemon_opt = gen->add_option("--daemon", args.daemon, "kvtierd socket: unix:PATH");
-  gen->add_flag("--local", args.local, "Use in-process pools (no daemon)")->excludes(daemon_opt);
+  auto* daemon_opt =
+      gen->add_option("--daemon", args.daemon,
+                      absl::StrCat("kvtierd socket: unix:PATH (default: $", edge::kSocketEnv,
+                                   " when set, else in-process pools)"));
+  gen->add_flag("--local", args.local,
+                "Use in-process pools (no daemon, whatever $KVTIER_SOCKET says)")
+      ->excludes(daemon_opt);
   gen->add_option("--link-gbps", o.link_gbps,
                   "With --daemon: declare a host link of this many GB/s (prefetch schedules; the "
                   "CPU attends what the schedule leaves in place as a split)")

@@ -24,12 +24,17 @@ from kvtier._native import (  # noqa: E402
     UnavailableError,
 )
 
+from kvtier._socket import DEFAULT_SOCKET, SOCKET_ENV, daemon_from_env  # noqa: E402
+
 __version__ = "0.1.0"
 
 # Tier numbers, as in TieredSequence.tiers() and the report's tokens_by_tier.
 T0, T1, T2, T3 = 0, 1, 2, 3
 
 __all__ = [
+    "DEFAULT_SOCKET",
+    "SOCKET_ENV",
+    "daemon_from_env",
     "Client",
     "Error",
     "FailedPreconditionError",

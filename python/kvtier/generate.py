@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvtier._socket import daemon_from_env
+
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -63,14 +65,18 @@ def parse_args(argv):
     p.add_argument("--page-tokens", type=positive, default=16)
     p.add_argument("--codec", default="int8_kivi", help="T2 codec: int8_kivi | fp8_e4m3 | minmax")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--daemon", help="kvtierd's socket, unix:PATH")
-    where.add_argument("--local", action="store_true", help="in-process pools (the default)")
+    where.add_argument("--daemon", help="kvtierd's socket, unix:PATH (default: $KVTIER_SOCKET "
+                       "when set, else in-process pools)")
+    where.add_argument("--local", action="store_true",
+                       help="in-process pools, whatever $KVTIER_SOCKET says")
     p.add_argument("--threads", type=positive, help="torch threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, tokens, report")
     args = p.parse_args(argv)
     if args.evict_ratio + args.compress_ratio > 1:
         p.error(f"--evict-ratio + --compress-ratio = {args.evict_ratio + args.compress_ratio} "
                 "exceeds 1")
+    if args.daemon is None and not args.local:
+        args.daemon = daemon_from_env()
     if args.daemon is not None and not args.daemon.startswith("unix:"):
         p.error(f"--daemon {args.daemon!r}: kvtierd's unix socket, unix:PATH")
     if args.prompt_file is not None:
@@ -151,7 +157,8 @@ def run(args) -> dict:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     cache = TieredCache(policy=args.policy, hbm_ratio=args.hbm_ratio,
                         evict_ratio=args.evict_ratio, compress_ratio=args.compress_ratio,
-                        codec=args.codec, page_tokens=args.page_tokens, daemon=args.daemon)
+                        codec=args.codec, page_tokens=args.page_tokens,
+                        daemon=args.daemon or "")
     progress = Progress(args.max_new_tokens, quiet=args.json)
     with torch.no_grad():
         out = model.generate(ids, cache=cache, max_new_tokens=args.max_new_tokens,

@@ -35,6 +35,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_utils import PreTrainedModel
 
 from kvtier import _native
+from kvtier._socket import daemon_from_env
 
 __all__ = ["TieredCache", "kvtier_attention", "ATTN_IMPLEMENTATION"]
 
@@ -144,11 +145,12 @@ class TieredCache(Cache):
     Keywords: ``policy`` ("hierarchy", "full", "streaming"), ``hbm_ratio`` β (T0's share of live
     tokens), ``evict_ratio`` r (cumulative evicted share of eligible tokens; 0 = exact),
     ``compress_ratio`` γ (share of live candidates in 8-bit T2), ``codec`` ("int8_kivi",
-    "fp8_e4m3"), ``page_tokens``, ``daemon`` ("unix:/run/kvtier/kvtierd.sock"; None = local pools
-    in this process). The protected set and Δ: ``sink_tokens``, ``window_tokens``,
-    ``protect_prompt`` (True / "all": the whole prompt stays in T0; False / "none": it competes
-    for T0 like any token; "last-turn": only the prompt from ``protected_prompt_begin``, the
-    token where the last user turn starts, is protected), ``retier_interval``.
+    "fp8_e4m3"), ``page_tokens``, ``daemon`` ("unix:/run/kvtier/kvtierd.sock"; None = the daemon
+    ``$KVTIER_SOCKET`` names when set, else local pools in this process; "" = local pools). The
+    protected set and Δ: ``sink_tokens``, ``window_tokens``, ``protect_prompt`` (True / "all":
+    the whole prompt stays in T0; False / "none": it competes for T0 like any token;
+    "last-turn": only the prompt from ``protected_prompt_begin``, the token where the last user
+    turn starts, is protected), ``retier_interval``.
 
     Needs the model loaded with ``attn_implementation="kvtier"`` (after ``import kvtier.hf``).
     """
@@ -188,10 +190,14 @@ class TieredCache(Cache):
             raise ValueError(f"TieredCache: page_tokens={page_tokens} must be positive")
         if int(retier_interval) <= 0:
             raise ValueError(f"TieredCache: retier_interval={retier_interval} must be positive")
+        if daemon is None:
+            daemon = daemon_from_env()
+        if daemon == "":
+            daemon = None
         if daemon is not None and not daemon.startswith("unix:"):
             raise ValueError(
                 f"TieredCache: daemon={daemon!r} must be kvtierd's unix socket, 'unix:PATH' "
-                "(workers need the memory channel beside it), or None for local pools"
+                "(workers need the memory channel beside it), or \"\" for local pools"
             )
         self.codec = codec
         self.page_tokens = int(page_tokens)

@@ -6,6 +6,16 @@
 namespace kvtier::daemon {
 namespace {
 
+// server.metrics = "auto": only the host's daemon (the default socket) takes the shared port.
+TEST(ConfigTest, AutoMetricsServeTheHostDaemonOnlyAndExplicitValuesStay) {
+  EXPECT_EQ(DaemonConfig{}.server.metrics_address, "auto");
+  EXPECT_EQ(ResolveMetricsAddress("auto", "/run/kvtier/kvtierd.sock"), "127.0.0.1:9464");
+  EXPECT_EQ(ResolveMetricsAddress("auto", "/tmp/second/kvtierd.sock"), "");
+  EXPECT_EQ(ResolveMetricsAddress("auto", "kvtierd.sock"), "");
+  EXPECT_EQ(ResolveMetricsAddress("127.0.0.1:9999", "/tmp/k.sock"), "127.0.0.1:9999");
+  EXPECT_EQ(ResolveMetricsAddress("", "/run/kvtier/kvtierd.sock"), "");
+}
+
 TEST(ConfigTest, PackagedDefaultsParseToTheBuiltInDefaults) {
   auto parsed = ParseConfig(DefaultConfigText(), "kvtierd.toml");
   ASSERT_TRUE(parsed.ok()) << parsed.status();

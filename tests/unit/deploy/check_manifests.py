@@ -11,6 +11,7 @@ KVTIER_DAEMON_UID. The ConfigMap's kvtierd.toml goes through
 usage: check_manifests.py REPO_ROOT [KVTIERD]
 """
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,12 @@ def check_prometheus(root):
     if not docs:
         return
     default_metrics = tomllib.loads((root / "deploy/kvtierd.toml").read_text())["server"]["metrics"]
+    if default_metrics == "auto":
+        # The host's daemon serves the address daemon/config/config.h names.
+        m = re.search(r'kHostMetricsAddress\[\] = "([^"]+)"',
+                      (root / "daemon/config/config.h").read_text())
+        check(m is not None, "daemon/config/config.h: kHostMetricsAddress not found")
+        default_metrics = m.group(1) if m else default_metrics
     targets = [t for job in docs[0].get("scrape_configs", [])
                for sc in job.get("static_configs", []) for t in sc.get("targets", [])]
     check(default_metrics in targets,

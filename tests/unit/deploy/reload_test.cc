@@ -47,7 +47,7 @@ TEST(ReloadTest, PoolsListenersAndPolicyNeedARestart) {
   ConfigChanges changes = DiffConfigs(running, fresh);
   EXPECT_THAT(changes.applied, IsEmpty());
   EXPECT_THAT(changes.needs_restart,
-              ElementsAre("server.metrics \"127.0.0.1:9464\" -> \"127.0.0.1:9999\"",
+              ElementsAre("server.metrics \"auto\" -> \"127.0.0.1:9999\"",
                           "pools.ddr_mib 1024 -> 2048", "pools.group \"\" -> \"gpu\"",
                           "pools.mode 0660 -> 0600", "policy.evict_ratio 0 -> 0.25"));
 }
