@@ -9,7 +9,7 @@
 #   include/kvtier/client.h include/kvtier/v1/kvtier.{pb,grpc.pb}.h
 #   /etc/kvtier/kvtierd.toml          (installed only when absent: an operator's edits survive)
 #   share/kvtier/kvtierd.toml         (the packaged defaults, always refreshed, for diffing)
-#   lib/systemd/system/kvtierd.service  share/kvtier/{prometheus.yml,kvtier.json,k8s/}
+#   lib/systemd/system/kvtierd.service  share/kvtier/{prometheus.yml,kvtier-alerts.yml,kvtier.json,k8s/}
 #
 # The config belongs in /etc even for a /usr/local install (a daemon's config is looked for
 # there), so CMAKE_INSTALL_SYSCONFDIR defaults to /etc unless the prefix is /usr (GNUInstallDirs
@@ -114,6 +114,7 @@ install(FILES ${PROJECT_BINARY_DIR}/deploy/kvtierd.service DESTINATION ${KVTIER_
 
 # ---- monitoring and Kubernetes examples ----
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/prometheus.yml
+              ${PROJECT_SOURCE_DIR}/deploy/kvtier-alerts.yml
               ${PROJECT_SOURCE_DIR}/dashboards/kvtier.json
         DESTINATION ${kvtier_data_dir} COMPONENT runtime)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/deploy/k8s DESTINATION ${kvtier_data_dir}
