@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
@@ -74,6 +75,16 @@ absl::Status ValidateSnapshot(const Placement& acked, const layout::KvGeometry& 
     return absl::InvalidArgumentError(
         absl::StrCat("current_tiers has ", r.current_tiers().size(),
                      " bytes, expected layer_groups x num_pages = ", entries));
+  }
+  if (r.has_lost_mass()) {
+    const std::pair<const char*, double> parts[] = {
+        {"compressed", r.lost_mass().compressed()},
+        {"evicted_estimate", r.lost_mass().evicted_estimate()}};
+    for (const auto& [field, v] : parts) {
+      if (std::isfinite(v) && v >= 0) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat("lost_mass.", field, " must be finite and >= 0, got ", v));
+    }
   }
   for (int i = 0; i < r.page_scores_size(); ++i) {
     if (!std::isfinite(r.page_scores(i))) {
@@ -314,6 +325,10 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::TimedSnapshot(
   if (plan.ok() && metrics_ != nullptr) {
     metrics_->CountSnapshot(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (request.has_lost_mass()) {
+      metrics_->ObserveLostMass(request.lost_mass().compressed(),
+                                request.lost_mass().evicted_estimate());
+    }
   }
   return Count(Metrics::Rpc::kSubmitSnapshot, std::move(plan));
 }

@@ -61,6 +61,7 @@ struct Metrics::Families {
   prometheus::Family<prometheus::Counter>* errors_family = nullptr;
   prometheus::Counter* snapshots = nullptr;
   prometheus::Histogram* plan_latency = nullptr;
+  std::array<prometheus::Histogram*, 3> lost_mass{};  // compressed, evicted, total
   std::array<prometheus::Counter*, kNumMoveKinds> moves{}, moved_bytes{};
   prometheus::Counter* evicted_tokens = nullptr;
   std::array<prometheus::Counter*, 3> degraded{};
@@ -160,6 +161,19 @@ std::unique_ptr<Metrics> Metrics::Create() {
                         .Add({}, prometheus::Histogram::BucketBoundaries{
                                      1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
                                      1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0});
+  auto& lost_mass = prometheus::BuildHistogram()
+                        .Name("kvtier_sequence_lost_mass_ratio")
+                        .Help(
+                            "Attention mass per decode step a sequence could not serve "
+                            "exactly (per snapshot): T2 mass x codec error, the evicted "
+                            "pages' estimate, and their total.")
+                        .Register(r);
+  const char* parts[] = {"compressed", "evicted", "total"};
+  for (int i = 0; i < 3; ++i) {
+    f.lost_mass[i] = &lost_mass.Add(
+        {{"part", parts[i]}}, prometheus::Histogram::BucketBoundaries{
+                                  1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0});
+  }
   auto& moves = counter("kvtier_plan_moves_total", "Planned page moves by kind.");
   auto& bytes = counter("kvtier_plan_moved_bytes_total",
                         "Bytes planned per direction (destination copy size).");
@@ -262,6 +276,12 @@ void Metrics::CountError(Rpc rpc, absl::StatusCode code) {
 void Metrics::CountSnapshot(double latency_seconds) {
   f_->snapshots->Increment();
   f_->plan_latency->Observe(latency_seconds);
+}
+
+void Metrics::ObserveLostMass(double compressed, double evicted) {
+  f_->lost_mass[0]->Observe(compressed);
+  f_->lost_mass[1]->Observe(evicted);
+  f_->lost_mass[2]->Observe(compressed + evicted);
 }
 
 void Metrics::CountMove(MoveKind kind, uint64_t bytes) {

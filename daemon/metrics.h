@@ -44,6 +44,12 @@
 //   kvtier_plan_protected_overflow_total    counter plans whose protected pages exceed T0 budget
 //   kvtier_plan_acks_total{result}          counter acknowledgements; result = "applied" |
 //                                                   "refused" | "abandoned"
+// Quality guardrail (docs/tiering.md), from the snapshots that carry it:
+//   kvtier_sequence_lost_mass_ratio{part}   histogram attention mass per decode step a sequence
+//                                                   could not serve exactly, one observation
+//                                                   per accepted snapshot; part = "compressed"
+//                                                   (T2 mass x codec error) | "evicted"
+//                                                   (estimate) | "total"
 // Connections (kvtierd's edges; what each dropped connection's peer did is also logged):
 //   kvtier_connections_dropped_total{reason} counter reason = "grpc_unread" (a gRPC peer left
 //                                                   answers unread: the unread guard) |
@@ -134,6 +140,8 @@ class Metrics {
   void CountRequest(Rpc rpc);
   void CountError(Rpc rpc, absl::StatusCode code);
   void CountSnapshot(double latency_seconds);
+  // One snapshot's guardrail figures (SubmitSnapshotRequest.lost_mass).
+  void ObserveLostMass(double compressed, double evicted);
   void CountMove(tiering::MoveKind kind, uint64_t bytes);
   void CountEvictedTokens(uint64_t tokens);
   void CountDegraded(DegradeReason reason);

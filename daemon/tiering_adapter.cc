@@ -27,6 +27,10 @@ absl::Status CheckFields(const v1::PolicyConfig& c) {
         absl::StrCat("policy.evict_ratio + policy.compress_ratio must be <= 1, got ",
                      c.evict_ratio(), " + ", c.compress_ratio()));
   }
+  if (c.has_max_lost_mass() && !(c.max_lost_mass() >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy.max_lost_mass must be >= 0 (unset = no limit), got ", c.max_lost_mass()));
+  }
   if (c.sink_tokens() > kMaxSinkOrWindow) {
     return absl::InvalidArgumentError(absl::StrCat(
         "policy.sink_tokens must be <= ", kMaxSinkOrWindow, ", got ", c.sink_tokens()));
@@ -52,6 +56,7 @@ absl::StatusOr<PolicySpec> ValidatePolicy(const v1::PolicyConfig& c, uint32_t pa
   p.window_tokens = c.window_tokens() == 0 ? 128 : c.window_tokens();
   p.protect_prompt = c.protect_prompt();
   p.page_score_max = c.page_score_max();
+  if (c.has_max_lost_mass()) p.max_lost_mass = c.max_lost_mass();
   p.page_tokens = page_tokens;
 
   tiering::TieringConfig config;
@@ -63,6 +68,7 @@ absl::StatusOr<PolicySpec> ValidatePolicy(const v1::PolicyConfig& c, uint32_t pa
   config.budgets.hbm_ratio = p.hbm_ratio;
   config.budgets.evict_ratio = p.evict_ratio;
   config.budgets.compress_ratio = p.compress_ratio;
+  config.budgets.max_lost_mass = p.max_lost_mass;
   absl::StatusOr<std::unique_ptr<tiering::Policy>> policy = tiering::MakePolicy(c.name(), config);
   if (!policy.ok()) {
     if (c.name().empty() || policy.status().message().find("name") != absl::string_view::npos ||

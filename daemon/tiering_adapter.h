@@ -7,6 +7,7 @@
 // tiering_adapter.cc.
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +30,8 @@ struct PolicySpec {
   uint32_t window_tokens = 128;
   bool protect_prompt = true;
   bool page_score_max = false;
-  uint32_t page_tokens = 16;                    // from the worker's geometry
+  double max_lost_mass = std::numeric_limits<double>::infinity();  // ε; inf = no limit
+  uint32_t page_tokens = 16;                                       // from the worker's geometry
   std::shared_ptr<const tiering::Policy> impl;  // immutable; Decide is thread-safe
 };
 

@@ -120,6 +120,22 @@ def build():
     d.panel("Evicted tokens, total", [(f"sum(kvtier_plan_evicted_tokens_total{{{SEL}}})",
                                        "total")], "short", kind="stat", width=8)
 
+    d.row("Quality guardrail")
+    d.panel("Attention mass not served exactly (per snapshot)",
+            [(f"histogram_quantile({q}, sum by (le) (rate(kvtier_sequence_lost_mass_ratio_bucket"
+              f"{{part=\"total\",{SEL}}}[{RATE}])))", f"p{int(q * 100)}")
+             for q in (0.5, 0.9, 0.99)], "percentunit", minimum=0,
+            description="Share of a decode step's attention that sequences could not serve "
+                        "exactly: T2 pages' mass weighted by their measured codec error plus the "
+                        "evicted pages' estimated mass (docs/tiering.md). Alerts: "
+                        "deploy/kvtier-alerts.yml.")
+    d.panel("Lost mass by part, p90",
+            [(f"histogram_quantile(0.9, sum by (part, le) (rate("
+              f"kvtier_sequence_lost_mass_ratio_bucket{{{SEL}}}[{RATE}])))", "{{part}}")],
+            "percentunit", minimum=0,
+            description="compressed: T2 mass x codec error (observed); evicted: the estimate "
+                        "for evicted pages; total: their sum.")
+
     d.row("Degraded plans")
     d.panel("Degraded plans by reason",
             [(f"sum by (reason) (rate(kvtier_plan_degraded_total{{{SEL}}}[{RATE}]))",
@@ -174,7 +190,7 @@ def build():
         "title": "kvtier",
         "uid": "kvtier-node",
         "description": "kvtierd: HBM saved, tiers, pools, plans, data movement, evictions, "
-                       "workers, errors and connections. Metric names: daemon/metrics.h.",
+                       "quality guardrail, workers, errors and connections. Metric names: daemon/metrics.h.",
         "tags": ["kvtier"],
         "schemaVersion": 38,
         "version": 1,

@@ -30,6 +30,10 @@ absl::Status Budgets::Validate() const {
         absl::StrCat("budgets.evict_ratio + budgets.compress_ratio must not exceed 1, got ",
                      evict_ratio, " + ", compress_ratio, " = ", evict_ratio + compress_ratio));
   }
+  if (!(max_lost_mass >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("budgets.max_lost_mass must be >= 0 (inf = no limit), got ", max_lost_mass));
+  }
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 // explicit budgets of DESIGN.md §2. Plain values; thread-compatible.
 
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -25,12 +26,16 @@ std::string_view PageScoreModeName(PageScoreMode mode);
 // never to "this round":
 //   evict_ratio r     evicted set = floor(r × eligible) tokens, rounded down to whole pages;
 //   hbm_ratio β       T0 ≤ ceil(β × live tokens) (protected pages win; overflow is reported);
-//   compress_ratio γ  floor(γ × live candidate pages) lowest-scoring survivors go to T2.
-// REQUIRES (Validate): every ratio in [0, 1] and r + γ ≤ 1.
+//   compress_ratio γ  floor(γ × live candidate pages) lowest-scoring survivors go to T2;
+//   max_lost_mass ε   eviction stops short of r once the evicted pages' estimated attention
+//                     mass per decode step (core/tiering/lost_mass.h) would exceed ε: those
+//                     pages stay live (T1/T2) instead. +inf: r alone decides; 0: no eviction.
+// REQUIRES (Validate): every ratio in [0, 1], r + γ ≤ 1, ε ≥ 0 (not NaN).
 struct Budgets {
   double evict_ratio = 0;
   double hbm_ratio = 1;
   double compress_ratio = 0;
+  double max_lost_mass = std::numeric_limits<double>::infinity();
 
   absl::Status Validate() const;
 };

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/tiering/lost_mass.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -78,6 +79,30 @@ ProtectedPages HierarchyProtectedPages(const TieringConfig& config, const Sequen
   return MakeProtectedPages(seq.length, config.page_tokens, ranges);
 }
 
+namespace {
+
+// How many of the `wanted` lowest-ranked keys can be evicted while the evicted pages' estimated
+// mass (already + theirs, lowest rank first) stays <= epsilon. Sorts keys[0, wanted) ascending
+// when epsilon is finite; +inf returns `wanted` untouched, so ε = ∞ is exactly fixed r.
+uint64_t EvictionsWithinLostMass(std::vector<uint64_t>& keys, uint64_t wanted,
+                                 absl::Span<const float> scores, uint32_t page_tokens,
+                                 uint64_t length, double already, double epsilon) {
+  if (!(epsilon > 0)) return 0;  // ε = 0 turns eviction off, zero-score pages included
+  if (std::isinf(epsilon) || wanted == 0) return wanted;
+  const auto end = keys.begin() + static_cast<ptrdiff_t>(wanted);
+  if (wanted < keys.size()) std::nth_element(keys.begin(), end, keys.end());
+  std::sort(keys.begin(), end);
+  double mass = already;
+  for (uint64_t i = 0; i < wanted; ++i) {
+    const auto page = static_cast<uint32_t>(keys[i]);
+    mass += PageMassEstimate(scores[page], page, page_tokens, length);
+    if (mass > epsilon) return i;
+  }
+  return wanted;
+}
+
+}  // namespace
+
 uint64_t TargetEvictedPages(double evict_ratio, uint64_t candidate_pages, uint32_t page_tokens) {
   return FloorRatio(evict_ratio, candidate_pages * page_tokens) / page_tokens;
 }
@@ -102,6 +127,7 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
   stats.candidate_pages = protected_pages.CandidatePages();
   stats.protected_tokens = protected_pages.protected_tokens;
   uint64_t already_evicted = 0;
+  double evicted_mass = 0;  // their PageMassEstimate, for max_lost_mass
   // One pass: protected pages to T0, evicted pages stay T3, live candidates become keys.
   auto range = protected_pages.ranges.begin();
   for (uint64_t p = 0; p < n; ++p) {
@@ -119,6 +145,7 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
             absl::StrCat("placement evicts protected page ", p, " of group ", group));
       }
       ++already_evicted;
+      evicted_mass += PageMassEstimate(s, static_cast<uint32_t>(p), page_tokens, length);
       out[p] = Tier::kT3;
     } else if (is_protected) {
       out[p] = Tier::kT0;
@@ -126,15 +153,18 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
       keys.push_back(RankKey(s, static_cast<uint32_t>(p)));
     }
   }
-  const uint64_t target =
+  const uint64_t ratio_target =
       TargetEvictedPages(budgets.evict_ratio, stats.candidate_pages, page_tokens);
-  if (already_evicted > target) {
+  if (already_evicted > ratio_target) {
     return absl::InvalidArgumentError(absl::StrCat("placement of group ", group, " evicts ",
                                                    already_evicted, " pages but evict_ratio ",
-                                                   budgets.evict_ratio, " allows ", target));
+                                                   budgets.evict_ratio, " allows ", ratio_target));
   }
   const uint64_t live = keys.size();
-  const uint64_t new_evictions = target - already_evicted;
+  const uint64_t new_evictions =
+      EvictionsWithinLostMass(keys, ratio_target - already_evicted, scores, page_tokens, length,
+                              evicted_mass, budgets.max_lost_mass);
+  const uint64_t target = already_evicted + new_evictions;
   const uint64_t survivors = live - new_evictions;
   const uint64_t live_tokens = length - target * page_tokens;
   stats.evicted_pages = target;

@@ -67,13 +67,14 @@ enum class SelectMethod : uint8_t { kNthElement = 0, kFullSort = 1 };
 //            are in T0); T3 pages must be candidates and at most the eviction target.
 //   out      receives the target tiers (size num_pages).
 // Candidates ranked by (score, page) descending fill T0, then T1, then T2; the bottom go to T3.
-// Counts: T3 = TargetEvictedPages; T2 = floor(γ × survivors); T0 = min(room left by protected
-// tokens under ceil(β × live tokens), survivors − T2) (docs/tiering.md). REQUIRES: every ratio
-// of `budgets` in [0, 1] (r + γ may exceed 1 here: ARKV passes γ = 1 − its OQ ratio).
-// Already-evicted pages stay evicted and count towards the eviction target. `scratch` is reused
-// storage (may be null). Runs in O(num_pages) expected time (three nth_element partitions).
-// INVALID_ARGUMENT naming `group` and the page for non-finite scores, an evicted protected
-// page, or more evicted pages than the target; `out` is then unspecified.
+// Counts: T3 = TargetEvictedPages, cut short (lowest score first) where the evicted pages'
+// PageMassEstimate sum would exceed budgets.max_lost_mass (ε = 0: no new eviction); T2 = floor(γ ×
+// survivors); T0 = min(room left by protected tokens under ceil(β × live tokens), survivors − T2)
+// (docs/tiering.md). REQUIRES: every ratio of `budgets` in [0, 1] (r + γ may exceed 1 here: ARKV
+// passes γ = 1 − its OQ ratio). Already-evicted pages stay evicted and count towards the eviction
+// target. `scratch` is reused storage (may be null). Runs in O(num_pages) expected time (three
+// nth_element partitions). INVALID_ARGUMENT naming `group` and the page for non-finite scores, an
+// evicted protected page, or more evicted pages than the target; `out` is then unspecified.
 absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
                                        absl::Span<const Tier> current,
                                        const ProtectedPages& protected_pages, uint32_t page_tokens,

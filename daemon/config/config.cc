@@ -243,6 +243,7 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
   s["policy.hbm_ratio"] = Ratio(&c->policy.hbm_ratio);
   s["policy.evict_ratio"] = Ratio(&c->policy.evict_ratio);
   s["policy.compress_ratio"] = Ratio(&c->policy.compress_ratio);
+  s["policy.max_lost_mass"] = Ratio(&c->policy.max_lost_mass);
   return s;
 }
 

@@ -4,6 +4,7 @@
 // kvtierd's configuration: a TOML file (deploy/kvtierd.toml documents every key) plus
 // command-line overrides. The packaged file is embedded in the binary as the defaults.
 
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -60,6 +61,8 @@ struct PolicyDefaults {
   double hbm_ratio = 0.5;
   double evict_ratio = 0.0;
   double compress_ratio = 0.0;
+  // ε (docs/tiering.md, "Quality guardrail"): absent = no limit.
+  double max_lost_mass = std::numeric_limits<double>::infinity();
 };
 
 struct DaemonConfig {

@@ -1,5 +1,7 @@
 #include "daemon/service/service.h"
 
+#include <cmath>
+
 #include "edge/rpc_status.h"
 
 namespace kvtier::daemon {
@@ -38,6 +40,7 @@ grpc::ServerUnaryReactor* KvTierService::OpenSequence(grpc::CallbackServerContex
     policy->set_hbm_ratio(defaults_.hbm_ratio);
     policy->set_evict_ratio(defaults_.evict_ratio);
     policy->set_compress_ratio(defaults_.compress_ratio);
+    if (std::isfinite(defaults_.max_lost_mass)) policy->set_max_lost_mass(defaults_.max_lost_mass);
     return Finish(ctx, core_->OpenSequence(filled), response);
   }
   return Finish(ctx, core_->OpenSequence(*request), response);

@@ -184,6 +184,10 @@ void DeclareCli(CLI::App& app, CliArgs& args) {
       ->capture_default_str();
   gen->add_option("--compress-ratio", o.compress_ratio, "γ: share kept 8-bit in T2 (lossy)")
       ->capture_default_str();
+  gen->add_option("--max-lost-mass", o.max_lost_mass,
+                  "ε: evict only while the evicted pages' estimated attention mass per step "
+                  "stays at most this; beyond it pages are offloaded or compressed (default: no "
+                  "limit; 0: no eviction)");
   gen->add_option("--page-tokens", o.page_tokens, "Positions per page")->capture_default_str();
   gen->add_option("--codec", o.codec, "T2 codec: int8_kivi | fp8_e4m3 | minmax")
       ->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,10 @@ absl::Status Validate(const GenerateOptions& o) {
   if (o.evict_ratio + o.compress_ratio > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--evict-ratio + --compress-ratio = ", o.evict_ratio + o.compress_ratio, " exceeds 1"));
+  }
+  if (!(o.max_lost_mass >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-lost-mass ", o.max_lost_mass, " must be >= 0"));
   }
   if (o.page_tokens == 0) return absl::InvalidArgumentError("--page-tokens must be positive");
   if (o.retier_interval == 0) {
@@ -129,7 +134,8 @@ absl::StatusOr<GenerateResult> Generate(Model& model, DeviceSetup& setup,
   }
   seq_options.tiering.budgets = {.evict_ratio = options.evict_ratio,
                                  .hbm_ratio = options.hbm_ratio,
-                                 .compress_ratio = options.compress_ratio};
+                                 .compress_ratio = options.compress_ratio,
+                                 .max_lost_mass = options.max_lost_mass};
   ASSIGN_OR_RETURN(auto seq, setup.runtime->Open(seq_options));
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create({.temperature = options.temperature,
                                                      .top_p = options.top_p,
@@ -207,6 +213,11 @@ std::string FormatReport(const GenerateResult& r, const GenerateOptions& o) {
                         s.tokens[1], s.tokens[2], s.tokens[3]);
   absl::StrAppendFormat(&out, "  evicted         %.2f%% of generated tokens (cumulative)\n",
                         100 * s.evicted_generated_fraction);
+  absl::StrAppendFormat(&out,
+                        "  lost mass       %.4f of a step's attention (T2 x codec error %.4f, "
+                        "evicted estimate %.4f; peak %.4f)\n",
+                        s.lost_mass.total(), s.lost_mass.compressed, s.lost_mass.evicted,
+                        s.lost_mass_peak);
   absl::StrAppendFormat(
       &out, "  moved           offload %s, compress %s, promote %s, decompress %s\n",
       MiB(s.offload_bytes), MiB(s.compress_bytes), MiB(s.promote_bytes), MiB(s.decompress_bytes));
@@ -233,6 +244,7 @@ std::string ReportJson(const GenerateResult& r, const GenerateOptions& o) {
       {"hbm_ratio", o.hbm_ratio},
       {"evict_ratio", o.evict_ratio},
       {"compress_ratio", o.compress_ratio},
+      {"max_lost_mass", std::isfinite(o.max_lost_mass) ? nlohmann::json(o.max_lost_mass) : nullptr},
       {"page_tokens", o.page_tokens},
       {"sink_tokens", o.sink_tokens},
       {"window_tokens", o.window_tokens},

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct GenerateOptions {
   uint32_t max_new_tokens = 256;
   std::string policy = "hierarchy";
   double hbm_ratio = 0.5, evict_ratio = 0.0, compress_ratio = 0.0;
+  double max_lost_mass = std::numeric_limits<double>::infinity();  // ε; inf = no limit
   uint32_t page_tokens = 16;
   // The protected set (DESIGN.md §2): sinks, recent window, the prompt (all | none |
   // last-turn: from the last "<|im_start|>user" on), and Δ.

@@ -78,6 +78,7 @@ class RuntimeSequence final : public EvalSequence {
     c.promote_bytes = r.promote_bytes;
     c.decompress_bytes = r.decompress_bytes;
     c.tier_seconds = r.tier_nanos / 1e9;
+    c.lost_mass_peak = r.lost_mass_peak;
     return c;
   }
 
@@ -480,7 +481,8 @@ absl::StatusOr<std::unique_ptr<EvalSequence>> EvalContext::Open(const EvalConfig
     o.tiering.protect_prompt = options_.protect_prompt;
     o.tiering.budgets = {.evict_ratio = config.evict_ratio,
                          .hbm_ratio = config.hbm_ratio,
-                         .compress_ratio = config.compress_ratio};
+                         .compress_ratio = config.compress_ratio,
+                         .max_lost_mass = config.max_lost_mass};
     ASSIGN_OR_RETURN(auto seq, runtime->Open(o));
     return std::make_unique<RuntimeSequence>(std::move(seq));
   }

@@ -37,7 +37,8 @@ struct EvalCost {
   double evicted_fraction = 0;                   // now, of all (position, layer, kv head) entries
   uint64_t ddr_bytes = 0, compressed_bytes = 0;  // held at the end
   uint64_t offload_bytes = 0, compress_bytes = 0, promote_bytes = 0, decompress_bytes = 0;
-  double tier_seconds = 0;  // deciding and applying placements / masks, per-head scoring
+  double tier_seconds = 0;    // deciding and applying placements / masks, per-head scoring
+  double lost_mass_peak = 0;  // hierarchy: the guardrail's peak (SequenceReport::lost_mass_peak)
 };
 
 class EvalSequence {

@@ -29,8 +29,10 @@ EvalConfig Hierarchy(double beta, double r, double gamma = 0,
 }  // namespace
 
 std::string EvalConfig::Name() const {
-  return absl::StrFormat("%s b%.2f r%.2f g%.2f %s", policy, hbm_ratio, evict_ratio, compress_ratio,
-                         codec);
+  std::string name = absl::StrFormat("%s b%.2f r%.2f g%.2f %s", policy, hbm_ratio, evict_ratio,
+                                     compress_ratio, codec);
+  if (std::isfinite(max_lost_mass)) absl::StrAppendFormat(&name, " e%.3f", max_lost_mass);
+  return name;
 }
 
 absl::Status ValidateConfig(const EvalConfig& c) {
@@ -49,6 +51,9 @@ absl::Status ValidateConfig(const EvalConfig& c) {
   RETURN_IF_ERROR(CheckRatio("hbm_ratio", c.hbm_ratio));
   RETURN_IF_ERROR(CheckRatio("evict_ratio", c.evict_ratio));
   RETURN_IF_ERROR(CheckRatio("compress_ratio", c.compress_ratio));
+  if (!(c.max_lost_mass >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_lost_mass ", c.max_lost_mass, " is < 0"));
+  }
   if (c.evict_ratio + c.compress_ratio > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("evict_ratio + compress_ratio of ", c.Name(), " exceeds 1"));
@@ -145,10 +150,12 @@ absl::StatusOr<EvalConfig> ParseConfig(const std::string& spec) {
         c.evict_ratio = value;
       } else if (number && pair[0] == "compress") {
         c.compress_ratio = value;
+      } else if (number && pair[0] == "lost") {
+        c.max_lost_mass = value;
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat("--config \"", spec, "\": \"", kv,
-                         "\" is not hbm=X, evict=X, compress=X or codec=NAME"));
+                         "\" is not hbm=X, evict=X, compress=X, lost=X or codec=NAME"));
       }
     }
   }

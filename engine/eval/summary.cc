@@ -23,6 +23,7 @@ constexpr Metric kMetrics[] = {
     {"prefix_share", "identical prefix"}, {"same_answer", "same answer"},
     {"fr_correct", "accuracy"},           {"evicted_fraction", "evicted"},
     {"t0_mean_ratio", "T0 mean / full"},  {"t0_peak_ratio", "T0 peak / full"},
+    {"lost_mass_peak", "lost mass peak"},
 };
 
 std::string Cell(const Interval& i, bool small) {

@@ -62,6 +62,9 @@ def parse_args(argv):
                    help="r: cumulative evicted share of eligible tokens (lossy)")
     p.add_argument("--compress-ratio", type=ratio, default=0.0,
                    help="γ: share of live candidates kept 8-bit in T2 (lossy)")
+    p.add_argument("--max-lost-mass", type=float, default=None,
+                   help="ε: evict only while the evicted pages' estimated attention mass per step "
+                   "stays at most this (default: no limit; 0: no eviction)")
     p.add_argument("--page-tokens", type=positive, default=16)
     p.add_argument("--codec", default="int8_kivi", help="T2 codec: int8_kivi | fp8_e4m3 | minmax")
     where = p.add_mutually_exclusive_group()
@@ -77,6 +80,8 @@ def parse_args(argv):
                 "exceeds 1")
     if args.daemon is None and not args.local:
         args.daemon = daemon_from_env()
+    if args.max_lost_mass is not None and not args.max_lost_mass >= 0:
+        p.error(f"--max-lost-mass {args.max_lost_mass} must be >= 0")
     if args.daemon is not None and not args.daemon.startswith("unix:"):
         p.error(f"--daemon {args.daemon!r}: kvtierd's unix socket, unix:PATH")
     if args.prompt_file is not None:
@@ -158,7 +163,7 @@ def run(args) -> dict:
     cache = TieredCache(policy=args.policy, hbm_ratio=args.hbm_ratio,
                         evict_ratio=args.evict_ratio, compress_ratio=args.compress_ratio,
                         codec=args.codec, page_tokens=args.page_tokens,
-                        daemon=args.daemon or "")
+                        daemon=args.daemon or "", max_lost_mass=args.max_lost_mass)
     progress = Progress(args.max_new_tokens, quiet=args.json)
     with torch.no_grad():
         out = model.generate(ids, cache=cache, max_new_tokens=args.max_new_tokens,
@@ -205,6 +210,9 @@ def format_report(r: dict) -> str:
         f"  tokens by tier  T0 {t[0]}  T1 {t[1]}  T2 {t[2]}  T3 {t[3]}",
         f"  evicted         {100 * r['evicted_generated_fraction']:.2f}% of generated tokens "
         "(cumulative)",
+        f"  lost mass       {r['lost_mass']['total']:.4f} of a step's attention (T2 x codec error "
+        f"{r['lost_mass']['compressed']:.4f}, evicted estimate "
+        f"{r['lost_mass']['evicted_estimate']:.4f}; peak {r['lost_mass']['peak']:.4f})",
         f"  moved           offload {mib(r['offload_bytes'])}, compress {mib(r['compress_bytes'])}, "
         f"promote {mib(r['promote_bytes'])}, decompress {mib(r['decompress_bytes'])}",
         f"  plans           {r['plans']} ({r['degraded_plans']} degraded, {r['local_plans']} local)",

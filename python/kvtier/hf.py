@@ -23,6 +23,7 @@ CPU tensors; the GPU path is the CUDA backend's.
 from __future__ import annotations
 
 import atexit
+import math
 import sys
 import threading
 import weakref
@@ -150,7 +151,9 @@ class TieredCache(Cache):
     protected set and Δ: ``sink_tokens``, ``window_tokens``, ``protect_prompt`` (True / "all":
     the whole prompt stays in T0; False / "none": it competes for T0 like any token;
     "last-turn": only the prompt from ``protected_prompt_begin``, the token where the last user
-    turn starts, is protected), ``retier_interval``.
+    turn starts, is protected), ``retier_interval``. ``max_lost_mass`` ε: evict only while the
+    evicted pages' estimated attention mass per decode step stays at most ε (None = no limit,
+    0 = no eviction); ``report()["lost_mass"]`` is the guardrail's figure.
 
     Needs the model loaded with ``attn_implementation="kvtier"`` (after ``import kvtier.hf``).
     """
@@ -170,6 +173,7 @@ class TieredCache(Cache):
         protect_prompt: bool | str = True,
         protected_prompt_begin: int = 0,
         retier_interval: int = 64,
+        max_lost_mass: float | None = None,
         tag: str = "transformers",
         local_ddr_bytes: int = 2 << 30,
         local_compressed_bytes: int = 1 << 30,
@@ -186,6 +190,9 @@ class TieredCache(Cache):
                 f"TieredCache: evict_ratio + compress_ratio = "
                 f"{self.evict_ratio + self.compress_ratio} exceeds 1"
             )
+        if max_lost_mass is not None and not float(max_lost_mass) >= 0:
+            raise ValueError(f"TieredCache: max_lost_mass={max_lost_mass} must be >= 0 or None")
+        self.max_lost_mass = None if max_lost_mass is None else float(max_lost_mass)
         if int(page_tokens) <= 0:
             raise ValueError(f"TieredCache: page_tokens={page_tokens} must be positive")
         if int(retier_interval) <= 0:
@@ -256,6 +263,7 @@ class TieredCache(Cache):
             "hbm_ratio": self.hbm_ratio,
             "evict_ratio": self.evict_ratio,
             "compress_ratio": self.compress_ratio,
+            "max_lost_mass": self.max_lost_mass,
             "page_tokens": self.page_tokens,
             "codec": self.codec,
             "daemon": self.daemon or "",
@@ -358,6 +366,7 @@ class TieredCache(Cache):
             protect_prompt=self.protect_prompt,
             protected_prompt_begin=self.protected_prompt_begin,
             retier_interval=self.retier_interval,
+            max_lost_mass=math.inf if self.max_lost_mass is None else self.max_lost_mass,
             tag=self.tag if batch == 1 else f"{self.tag}[{row}]",
         )
         self.sequences = [open_row(row) for row in range(batch)]

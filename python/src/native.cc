@@ -10,6 +10,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <unistd.h>
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -401,7 +402,7 @@ NB_MODULE(_native, m) {
           [](Runtime& r, const std::string& policy, uint64_t prompt_tokens, double hbm_ratio,
              double evict_ratio, double compress_ratio, uint32_t sink_tokens,
              uint32_t window_tokens, bool protect_prompt, uint32_t retier_interval,
-             const std::string& tag, uint64_t protected_prompt_begin) {
+             const std::string& tag, uint64_t protected_prompt_begin, double max_lost_mass) {
             kvtier::worker::SequenceOptions o;
             o.policy = policy;
             o.prompt_tokens = prompt_tokens;
@@ -414,16 +415,20 @@ NB_MODULE(_native, m) {
             o.tiering.retier_interval = retier_interval;
             o.tiering.budgets = {.evict_ratio = evict_ratio,
                                  .hbm_ratio = hbm_ratio,
-                                 .compress_ratio = compress_ratio};
+                                 .compress_ratio = compress_ratio,
+                                 .max_lost_mass = max_lost_mass};
             return r.Open(o);
           },
           nb::kw_only(), "policy"_a = "hierarchy", "prompt_tokens"_a, "hbm_ratio"_a = 1.0,
           "evict_ratio"_a = 0.0, "compress_ratio"_a = 0.0, "sink_tokens"_a = 4,
           "window_tokens"_a = 128, "protect_prompt"_a = true, "retier_interval"_a = 64,
-          "tag"_a = "", "protected_prompt_begin"_a = 0, nb::keep_alive<0, 1>(),
+          "tag"_a = "", "protected_prompt_begin"_a = 0,
+          "max_lost_mass"_a = std::numeric_limits<double>::infinity(), nb::keep_alive<0, 1>(),
           "A new tiered sequence; its prompt is [0, prompt_tokens). With protect_prompt, the "
           "prompt from protected_prompt_begin on stays in T0 (the start of the last user turn "
-          "protects that turn only).")
+          "protects that turn only). max_lost_mass: ε, evict only while the evicted pages' "
+          "estimated attention mass per step stays at most this (inf = no limit, 0 = no "
+          "eviction).")
       .def_prop_ro("daemon_mode", &Runtime::daemon_mode)
       .def_prop_ro("worker_id", &Runtime::worker_id)
       .def_prop_ro("arena_used_bytes", &Runtime::arena_used_bytes);

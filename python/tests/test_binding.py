@@ -89,6 +89,34 @@ def test_attention_is_bit_identical_to_the_engine(tmp_path, hbm_ratio):
         assert (tiers == kvtier.T0).all()
 
 
+def _decode(seq, seed: int, steps: int) -> None:
+    """A 64-token prefill then `steps` decode steps of random K/V/Q, attended each step."""
+    for k, v, q in chunks(seed, [64] + [1] * steps):
+        seq.append(0, k, v)
+        seq.attend(0, q, np.empty_like(q), None)
+
+
+def test_report_carries_the_lost_mass_and_max_lost_mass_bounds_eviction():
+    """The guardrail's figures reach Python: evicting and compressing lose mass, the exact
+    hierarchy none; ε = 0 evicts nothing where the same r otherwise does."""
+    kw = dict(policy="hierarchy", prompt_tokens=64, hbm_ratio=0.3, window_tokens=4,
+              sink_tokens=0, protect_prompt=False, retier_interval=4)
+    lossy = runtime().open(evict_ratio=0.3, compress_ratio=0.3, **kw)
+    _decode(lossy, 5, 12)
+    lost = lossy.report()["lost_mass"]
+    assert lost["evicted_estimate"] > 0 and lost["compressed"] > 0, lost
+    assert lost["total"] == pytest.approx(lost["compressed"] + lost["evicted_estimate"])
+    assert lost["peak"] >= lost["total"]
+    assert (lossy.tiers() == kvtier.T3).sum() > 0
+    exact = runtime().open(**kw)
+    _decode(exact, 5, 12)
+    assert exact.report()["lost_mass"]["total"] == 0
+    bounded = runtime().open(evict_ratio=0.3, max_lost_mass=0.0, **kw)
+    _decode(bounded, 5, 12)
+    assert (bounded.tiers() == kvtier.T3).sum() == 0
+    assert bounded.report()["lost_mass"]["evicted_estimate"] == 0
+
+
 def test_scores_accumulate_the_attention_mass():
     """Prefill seeds each position's score with its mass over the heads (÷ heads); a decode
     step adds the same share; nothing is lost between calls."""

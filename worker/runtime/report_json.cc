@@ -30,6 +30,11 @@ nlohmann::json SequenceReportJson(const SequenceReport& s) {
       {"split_attends", s.split_attends},
       {"tier_seconds", s.tier_nanos / 1e9},
       {"attend_seconds", s.attend_nanos / 1e9},
+      {"lost_mass",
+       {{"compressed", s.lost_mass.compressed},
+        {"evicted_estimate", s.lost_mass.evicted},
+        {"total", s.lost_mass.total()},
+        {"peak", s.lost_mass_peak}}},
   };
 }
 

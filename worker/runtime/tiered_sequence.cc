@@ -262,9 +262,11 @@ absl::Status TieredSequence::RetierLocal(bool allow_offloads) {
   ASSIGN_OR_RETURN(
       std::vector<float> page_scores,
       scores_.AllPageScores(store_->geometry().page_tokens, options_.tiering.page_score));
+  MeasureLostMass(page_scores);
   ASSIGN_OR_RETURN(tiering::Placement target, LocalTarget(page_scores, allow_offloads));
   ASSIGN_OR_RETURN(tiering::Plan plan, tiering::MakePlan(store_->placement(), target));
   if (local_slots_ != nullptr) {
+    lost_mass_meter_.MeasureCompression(*store_, plan.moves);
     RETURN_IF_ERROR(store_->ApplyPlanLocal(plan.moves, *local_slots_));
   } else {
     // Evictions only (orphaned daemon sequence): the released slots belong to the old daemon.
@@ -281,6 +283,7 @@ absl::StatusOr<v1::SubmitSnapshotRequest> TieredSequence::BuildSnapshot() {
   const layout::KvGeometry& g = store_->geometry();
   ASSIGN_OR_RETURN(std::vector<float> page_scores,
                    scores_.AllPageScores(g.page_tokens, options_.tiering.page_score));
+  MeasureLostMass(page_scores);
   const tiering::Placement current = store_->placement();
   v1::SubmitSnapshotRequest snapshot;
   snapshot.set_sequence_id(sequence_id_);
@@ -295,6 +298,8 @@ absl::StatusOr<v1::SubmitSnapshotRequest> TieredSequence::BuildSnapshot() {
     snapshot.set_applied_plan_version(acked_version_);
   }
   if (exchange_failed_) snapshot.set_abandon_pending(true);
+  snapshot.mutable_lost_mass()->set_compressed(report_.lost_mass.compressed);
+  snapshot.mutable_lost_mass()->set_evicted_estimate(report_.lost_mass.evicted);
   snapshot.mutable_page_scores()->Assign(page_scores.begin(), page_scores.end());
   std::string tiers(current.tiers.size(), '\0');
   for (size_t i = 0; i < tiers.size(); ++i) tiers[i] = static_cast<char>(current.tiers[i]);
@@ -336,6 +341,7 @@ absl::Status TieredSequence::ApplyDaemonPlan(const v1::TierPlan& plan, bool back
                 static_cast<Tier>(plan.move_to()[i])};
     slots[i].dst_offset = plan.move_dst_slot(i);
   }
+  lost_mass_meter_.MeasureCompression(*store_, moves);
   absl::Status applied = store_->ApplyPlan(moves, slots);
   absl::Status acked = ack(applied.ok(), std::string(applied.message()));
   if (!applied.ok()) return applied;
@@ -455,6 +461,14 @@ void TieredSequence::Account() {
   report_.compress_bytes = moved(Tier::kT0, Tier::kT2) + moved(Tier::kT1, Tier::kT2);
   report_.promote_bytes = moved(Tier::kT1, Tier::kT0) + moved(Tier::kT2, Tier::kT0);
   report_.decompress_bytes = moved(Tier::kT2, Tier::kT1);
+}
+
+void TieredSequence::MeasureLostMass(absl::Span<const float> page_scores) {
+  const uint64_t steps = step_ >= measured_step_ ? step_ - measured_step_ : 0;
+  measured_step_ = step_;
+  report_.lost_mass = lost_mass_meter_.Measure(page_scores, store_->placement(), store_->geometry(),
+                                               store_->Length(0), steps);
+  report_.lost_mass_peak = std::max(report_.lost_mass_peak, report_.lost_mass.total());
 }
 
 SequenceReport TieredSequence::Report() const { return report_; }

@@ -17,6 +17,7 @@
 #include "kvtier/v1/kvtier.pb.h"
 #include "worker/attention_cache.h"
 #include "worker/runtime/daemon_lane.h"
+#include "worker/runtime/lost_mass_meter.h"
 #include "worker/tiered_kv_store.h"
 
 namespace kvtier {
@@ -49,6 +50,11 @@ struct SequenceReport {
   uint64_t split_attends = 0;  // attention calls merged from two partials
   uint64_t tier_nanos = 0;     // deciding and executing plans (incl. daemon round trips)
   uint64_t attend_nanos = 0;   // attention over the tiers (incl. T2 staging)
+  // The quality guardrail (core/tiering/lost_mass.h): attention mass per decode step that was
+  // not served exactly over the interval before the last re-tiering — T2 mass weighted by the
+  // codec's measured error, and the estimate for evicted pages — and the peak of their sum.
+  tiering::LostMass lost_mass;
+  double lost_mass_peak = 0;
 };
 
 struct SequenceOptions {
@@ -93,6 +99,8 @@ class TieredSequence final : public AttentionCache {
   SequenceReport Report() const;
   const TieredKvStore& store() const { return *store_; }
   const tiering::ScoreAccumulator& scores() const { return scores_; }
+  // The guardrail's per-page codec errors (Report().lost_mass has its figures).
+  const LostMassMeter& lost_mass_meter() const { return lost_mass_meter_; }
   // False while the daemon that granted this sequence's slots is gone (restart, lease lost):
   // the sequence then plans locally, makes no new offloads and keeps what it holds, until it
   // re-opens under the client's new session (its pooled pages promoted back to T0 first, so
@@ -136,6 +144,8 @@ class TieredSequence final : public AttentionCache {
   absl::StatusOr<tiering::Placement> LocalTarget(const std::vector<float>& page_scores,
                                                  bool allow_offloads);
   void Account();
+  // The guardrail's figures for the interval since the last re-tiering (into report_).
+  void MeasureLostMass(absl::Span<const float> page_scores);
   void ReleaseHeldSlots();
   // Tells the client the decode step time (a moving mean), for the daemon's schedules.
   void MeasureStep();
@@ -167,6 +177,8 @@ class TieredSequence final : public AttentionCache {
   std::unique_ptr<PagePool> ddr_pool_, compressed_pool_;
   // Report.
   SequenceReport report_;
+  LostMassMeter lost_mass_meter_;
+  uint64_t measured_step_ = 0;  // step_ at the last MeasureLostMass
   uint64_t passes_ = 0;
   double t0_sum_ = 0, full_sum_ = 0;
 };

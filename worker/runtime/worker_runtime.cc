@@ -162,6 +162,9 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
   wire.set_window_tokens(config.window_tokens);
   wire.set_protect_prompt(config.protect_prompt);
   wire.set_page_score_max(config.page_score == tiering::kMax);
+  if (std::isfinite(config.budgets.max_lost_mass)) {
+    wire.set_max_lost_mass(config.budgets.max_lost_mass);
+  }
   const uint64_t generation = client_->generation();
   std::shared_ptr<PoolMapping> ddr = client_->pool(v1::POOL_KIND_DDR);
   std::shared_ptr<PoolMapping> compressed = client_->pool(v1::POOL_KIND_COMPRESSED);

@@ -203,6 +203,8 @@ TEST(PrometheusScrapeTest, EveryDashboardExpressionReturnsDataFromARealScrape) {
   auto config = ScrapeConfig(*metrics_port);
   ASSERT_TRUE(config.ok()) << config.status();
   std::ofstream(dir + "/prometheus.yml") << *config;
+  // The alert rules prometheus.yml loads from beside it: the server evaluates them too.
+  std::ofstream(dir + "/kvtier-alerts.yml") << ReadFile(SourceDir() + "/deploy/kvtier-alerts.yml");
   const std::string prometheus_log = dir + "/prometheus.log";
   auto prometheus = std::make_unique<Child>(
       std::vector<std::string>{kPrometheus, "--config.file=" + dir + "/prometheus.yml",
@@ -285,6 +287,11 @@ TEST(PrometheusScrapeTest, EveryDashboardExpressionReturnsDataFromARealScrape) {
   ASSERT_TRUE(instances.ok());
   EXPECT_NE(instances->body.find(absl::StrCat("127.0.0.1:", *metrics_port)), std::string::npos)
       << "the dashboard's $instance variable would be empty: " << instances->body;
+  // deploy/kvtier-alerts.yml loaded and evaluated against the real daemon's series.
+  auto rules = HttpGet(*web_port, "/api/v1/rules");
+  ASSERT_TRUE(rules.ok());
+  EXPECT_NE(rules->body.find("KvtierLostAttentionMassHigh"), std::string::npos) << rules->body;
+  EXPECT_EQ(rules->body.find("\"health\":\"err\""), std::string::npos) << rules->body;
 }
 
 }  // namespace

@@ -593,6 +593,30 @@ TEST(DaemonCoreTest, FullPolicyKeepsEverythingInT0AndStreamingEvicts) {
   EXPECT_EQ(ps->report().tokens_t1() + ps->report().tokens_t2(), 0u);
 }
 
+TEST(DaemonCoreTest, SnapshotsCarryingLostMassFillTheGuardrailHistogram) {
+  Env env;
+  SimWorker w(env.core.get());
+  auto seq = w.Open(0, Policy("hierarchy", 0.5, 0.1, 0));
+  auto quiet = w.Snapshot(*seq, 160, RampScores(10));  // a worker that does not measure it
+  ASSERT_TRUE(quiet.ok());
+  ASSERT_TRUE(w.Ack(*quiet, true).ok());
+  v1::SubmitSnapshotRequest r = w.MakeSnapshot(*seq, 320, RampScores(20));
+  r.mutable_lost_mass()->set_compressed(0.004);
+  r.mutable_lost_mass()->set_evicted_estimate(0.03);
+  ASSERT_TRUE(env.core->SubmitSnapshot(r).ok());
+  prometheus::TextSerializer ser;
+  std::string text = ser.Serialize(env.metrics->registry()->Collect());
+  for (const char* part : {"compressed", "evicted", "total"}) {
+    EXPECT_NE(
+        text.find(absl::StrCat("kvtier_sequence_lost_mass_ratio_count{part=\"", part, "\"} 1")),
+        std::string::npos)
+        << text;
+  }
+  EXPECT_NE(text.find("kvtier_sequence_lost_mass_ratio_sum{part=\"total\"} 0.034"),
+            std::string::npos)
+      << text;
+}
+
 TEST(DaemonCoreTest, MetricsFollowTheFlow) {
   Env env;
   SimWorker w(env.core.get());

@@ -145,6 +145,10 @@ TEST_F(ValidationTest, OpenSequenceRejectsEveryBadField) {
        StatusCode::kInvalidArgument, "policy.sink_tokens"},
       {"huge window", [](R& r) { r.mutable_policy()->set_window_tokens(~0u); },
        StatusCode::kInvalidArgument, "policy.window_tokens"},
+      {"max_lost_mass < 0", [](R& r) { r.mutable_policy()->set_max_lost_mass(-0.1); },
+       StatusCode::kInvalidArgument, "policy.max_lost_mass"},
+      {"max_lost_mass NaN", [](R& r) { r.mutable_policy()->set_max_lost_mass(NAN); },
+       StatusCode::kInvalidArgument, "policy.max_lost_mass"},
   };
   Run([&] { return base; }, cases, [&](const R& r) { return env_.core->OpenSequence(r).status(); });
 }
@@ -188,6 +192,10 @@ TEST_F(ValidationTest, SubmitSnapshotRejectsEveryBadField) {
        "page_scores[5]"},
       {"score inf", [](R& r) { r.set_page_scores(12, -INFINITY); }, StatusCode::kInvalidArgument,
        "page_scores[12]"},
+      {"lost mass NaN", [](R& r) { r.mutable_lost_mass()->set_compressed(NAN); },
+       StatusCode::kInvalidArgument, "lost_mass.compressed"},
+      {"lost mass < 0", [](R& r) { r.mutable_lost_mass()->set_evicted_estimate(-1); },
+       StatusCode::kInvalidArgument, "lost_mass.evicted_estimate"},
       {"tiers short", [](R& r) { r.mutable_current_tiers()->pop_back(); },
        StatusCode::kInvalidArgument, "current_tiers"},
       {"tiers long", [](R& r) { r.mutable_current_tiers()->push_back(0); },

@@ -106,6 +106,13 @@ TEST(Grid, RejectsUnknownPolicyCodecAndBadRatios) {
   EXPECT_FALSE(ParseConfig("hierarchy:evict=1.5").ok());
   EXPECT_FALSE(ParseConfig("hierarchy:hbm=x").ok());
   EXPECT_FALSE(ParseConfig("hierarchy:evict=0.6,compress=0.6").ok());
+  auto bounded = ParseConfig("hierarchy:evict=0.5,lost=0.02");
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  EXPECT_EQ(bounded->max_lost_mass, 0.02);
+  EXPECT_EQ(bounded->Name(), "hierarchy b0.50 r0.50 g0.00 int8_kivi e0.020");
+  EXPECT_EQ(ParseConfig("hierarchy:evict=0.5")->Name(), "hierarchy b0.50 r0.50 g0.00 int8_kivi");
+  auto negative = ParseConfig("hierarchy:lost=-1");
+  EXPECT_NE(negative.status().message().find("max_lost_mass"), std::string::npos);
 }
 
 TEST(Bootstrap, IntervalContainsTheMeanAndCollapsesForConstants) {

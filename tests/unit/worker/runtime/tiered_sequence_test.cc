@@ -6,6 +6,7 @@
 
 #include "worker/runtime/tiered_sequence.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -138,6 +139,54 @@ TEST(TieredSequenceTest, CompressedPagesCarrySmallBoundedError) {
   EXPECT_GT(max_diff, 0.0);  // T2 is lossy...
   EXPECT_LT(max_diff, 0.1);  // ...but 8-bit close (values are in [-3, 3])
   EXPECT_GT((*compressed)->Report().compress_bytes, 0u);
+}
+
+TEST(TieredSequenceTest, LostMassWeighsCompressedPagesByTheirTrueCodecErrorAndEstimatesEvicted) {
+  auto runtime = LocalRuntime(4);
+  auto full = runtime->Open(Options("full", 1, 0, 0, 16));
+  auto compressed = runtime->Open(Options("hierarchy", 0.3, 0, 0.5, 16));
+  auto evicting = runtime->Open(Options("hierarchy", 0.5, 0.3, 0, 16));
+  auto exact = runtime->Open(Options("hierarchy", 0.3, 0, 0, 16));
+  SequenceOptions bounded_options = Options("hierarchy", 0.5, 0.3, 0, 16);
+  bounded_options.tiering.budgets.max_lost_mass = 0;
+  auto bounded = runtime->Open(bounded_options);
+  ASSERT_TRUE(full.ok() && compressed.ok() && evicting.ok() && exact.ok() && bounded.ok());
+  for (TieredSequence* s :
+       {full->get(), compressed->get(), evicting->get(), exact->get(), bounded->get()}) {
+    Decode(*s, 16, 150, 5);  // the same K and V in every sequence
+  }
+  // The meter's error of each T2 page is the page's true error against the full cache's copy.
+  const TieredKvStore& store = (*compressed)->store();
+  const uint64_t floats = store.geometry().PageBytes(0) / sizeof(float);
+  std::vector<float> want(floats), got(floats);
+  int t2_pages = 0;
+  for (uint32_t p = 0; p < store.num_pages(); ++p) {
+    if (store.TierOf(0, p) != Tier::kT2) continue;
+    ++t2_pages;
+    ASSERT_TRUE((*full)->store().ReadPage(0, p, want.data()).ok());
+    ASSERT_TRUE(store.ReadPage(0, p, got.data()).ok());
+    double diff = 0, norm = 0;
+    for (uint64_t i = 0; i < floats; ++i) {
+      diff += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
+      norm += double{want[i]} * want[i];
+    }
+    const double error = std::sqrt(diff / norm);
+    EXPECT_GT(error, 0) << "page " << p;
+    EXPECT_NEAR((*compressed)->lost_mass_meter().PageError(0, p), error, 1e-6 + 1e-4 * error)
+        << "page " << p;
+  }
+  EXPECT_GT(t2_pages, 5);
+  const SequenceReport c = (*compressed)->Report(), e = (*evicting)->Report();
+  EXPECT_GT(c.lost_mass.compressed, 0);
+  EXPECT_EQ(c.lost_mass.evicted, 0);
+  EXPECT_GT(e.lost_mass.evicted, 0);
+  EXPECT_EQ(e.lost_mass.compressed, 0);
+  EXPECT_GE(e.lost_mass_peak, e.lost_mass.total());
+  EXPECT_EQ((*exact)->Report().lost_mass.total(), 0);
+  EXPECT_EQ((*exact)->Report().lost_mass_peak, 0);
+  // ε = 0: the same r evicts nothing; the pages r wanted stay live.
+  EXPECT_EQ((*bounded)->Report().tokens[static_cast<int>(Tier::kT3)], 0u);
+  EXPECT_GT(e.tokens[static_cast<int>(Tier::kT3)], 0u);
 }
 
 TEST(TieredSequenceTest, ClosingReturnsEverySlot) {
