@@ -158,7 +158,11 @@ def test_crop_into_an_evicted_page_is_refused_and_changes_nothing():
     assert cache.get_seq_length() == length and torch.equal(cache.tiers(), tiers)
     cache.crop(-(length - (last + 1)))  # at the page's end: allowed
     assert cache.get_seq_length() == last + 1
-    feed(model, cache, torch.tensor([[5]]))
+    # The evicted page is now inside the recent window and over the shrunken budget: it stays
+    # evicted through the next re-tierings, and decoding goes on.
+    for token in range(8):
+        feed(model, cache, torch.tensor([[5 + token]]))
+    assert cache.tiers()[last] == kvtier.T3 and cache.report()["plans"] >= 3, cache.report()
     with pytest.raises(ValueError, match="negative"):
         cache.crop(3)
 
