@@ -210,7 +210,7 @@ absl::Status TieredKvStore::EnsurePages(uint32_t group, uint64_t pages) {
       s = block.status();
       break;
     }
-    entries.push_back(PageEntry{.tier = Tier::kT0, .t0 = *block});
+    entries.push_back(PageEntry{.tier = Tier::kT0, .t0 = *block, .version = new_page_version_});
     s = backend_->ClearBlock(*block, geometry_.PageBytes(group));  // unwritten rows read as 0
   }
   if (!s.ok()) {
@@ -264,6 +264,65 @@ absl::Status TieredKvStore::Append(uint32_t layer, const float* k, const float* 
       keep_[size_t{layer} * geometry_.num_kv_heads + h].resize(lengths_[layer], 1);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status TieredKvStore::Truncate(uint32_t length, std::vector<ReleasedSlot>* released) {
+  const uint32_t now = lengths_.empty() ? 0 : lengths_[0];
+  for (uint32_t layer = 1; layer < lengths_.size(); ++layer) {
+    if (lengths_[layer] != now) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layers differ in length (layer 0 has ", now, ", layer ", layer, " has ",
+                       lengths_[layer], "): truncate between forward passes"));
+    }
+  }
+  if (length > now) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length ", length, " exceeds the sequence's ", now));
+  }
+  if (length == now) return absl::OkStatus();
+  const uint32_t pt = geometry_.page_tokens;
+  const uint64_t keep_pages = geometry_.NumPages(length);
+  if (length % pt != 0) {
+    const uint64_t page = length / pt;
+    for (uint32_t g = 0; g < pages_.size(); ++g) {
+      if (page >= pages_[g].size()) continue;
+      const Tier t = pages_[g][page].tier;
+      if (t == Tier::kT0 || (t == Tier::kT1 && backend_->host_t0())) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "length ", length, " keeps part of page ", page, " of group ", g, ", which is in ",
+          TierStr(t),
+          t == Tier::kT3 ? ": its rows were evicted; truncate to a multiple of page_tokens ("
+                         : ": promote it to T0 first, or truncate to a multiple of page_tokens (",
+          pt, ")"));
+    }
+  }
+  // Copies may still read the blocks and slots given up below.
+  RETURN_IF_ERROR(backend_->Drain());
+  PollFence();
+  for (uint32_t g = 0; g < pages_.size(); ++g) {
+    std::vector<PageEntry>& entries = pages_[g];
+    for (uint64_t p = keep_pages; p < entries.size(); ++p) {
+      PageEntry& e = entries[p];
+      new_page_version_ = std::max(new_page_version_, e.version + 1);
+      if (e.tier == Tier::kT0) FreeBlock(e.t0, geometry_.PageBytes(g));
+      if (e.tier == Tier::kT1 || e.tier == Tier::kT2) {
+        const PoolKind kind = e.tier == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed;
+        held_[e.tier == Tier::kT1 ? 0 : 1].erase(e.slot);
+        if (released != nullptr) released->push_back({kind, e.slot});
+      }
+    }
+    if (entries.size() > keep_pages) entries.resize(keep_pages);
+    // The kept partial page's rows past the end are rewritten by the next append.
+    if (length % pt != 0 && keep_pages > 0 && keep_pages <= entries.size()) {
+      entries[keep_pages - 1].version += 1;
+    }
+  }
+  for (uint32_t& l : lengths_) l = length;
+  if (keep_mask_) {
+    for (auto& rows : keep_) rows.resize(std::min<size_t>(rows.size(), length));
+  }
+  in_place_.clear();
   return absl::OkStatus();
 }
 

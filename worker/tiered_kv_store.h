@@ -160,6 +160,15 @@ class TieredKvStore final : public AttentionCache {
   absl::Status ApplyPlan(const std::vector<tiering::Move>& moves,
                          const std::vector<SlotAssignment>& slots,
                          std::vector<ReleasedSlot>* released = nullptr);
+  // --- Rollback. Forgets every position at or after `length` in every layer (speculative
+  // decoding, a crop): pages past the new end are dropped whatever their tier (their slots go
+  // into `released`, for whoever granted them), and the page that keeps some rows must be one
+  // appends can write (T0, or T1 on a host backend). Split attention ends. INVALID_ARGUMENT
+  // when `length` exceeds the layers' length; FAILED_PRECONDITION (changing nothing) when
+  // layers differ in length or the kept partial page is not writable (name, tier: promote it
+  // first, or evicted: the rows it keeps are gone).
+  absl::Status Truncate(uint32_t length, std::vector<ReleasedSlot>* released);
+
   // Points the store at other pools (a new daemon session's memory). FAILED_PRECONDITION while
   // any page lives in T1 or T2: promote them first.
   absl::Status RebindPools(PagePool* ddr_pool, PagePool* compressed_pool);
@@ -256,6 +265,9 @@ class TieredKvStore final : public AttentionCache {
   // Split attention: [group][page] 1 = in place (empty = none).
   std::vector<std::vector<uint8_t>> in_place_;
   std::vector<const uint8_t*> keep_rows_;  // per-Attend, kept to avoid reallocation
+  // First version of a new page: above every version a dropped page had, so a page index that
+  // comes back after Truncate never matches what a backend staged for the old one.
+  uint64_t new_page_version_ = 0;
   StoreStats stats_;
 };
 

@@ -94,6 +94,14 @@ class FullPolicy final : public Policy {
   bool NeedsWorkerState() const override { return false; }
   absl::StatusOr<Decision> DecideDetailed(const DecisionInput& in) const override {
     ASSIGN_OR_RETURN(Placement target, TargetShape(in.sequence, in.current, config().page_tokens));
+    // Selection keeps evicted pages evicted (rollbacks); full never had any to keep.
+    for (uint32_t g = 0; g < in.current.num_groups; ++g) {
+      for (uint32_t p = 0; p < in.current.num_pages; ++p) {
+        if (in.current.at(g, p) != Tier::kT3) continue;
+        return absl::InvalidArgumentError(absl::StrCat("current evicts page ", p, " of group ", g,
+                                                       ", but the full policy keeps every page"));
+      }
+    }
     std::vector<float> zeros(target.num_pages, 0.0f);
     return SelectAll(in, std::move(target), HierarchyProtectedPages(config(), in.sequence),
                      config().page_tokens, Budgets{}, zeros, false);

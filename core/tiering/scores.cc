@@ -104,6 +104,19 @@ void AccumulateDeviceMass(absl::Span<const float> mass, float weight, absl::Span
   for (size_t i = 0; i < n; ++i) acc[i] += mass[i] * weight;
 }
 
+absl::Status ScoreAccumulator::Truncate(uint64_t length) {
+  if (length > length_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length ", length, " exceeds the sequence's ", length_));
+  }
+  length_ = length;
+  for (uint32_t g = 0; g < layer_groups_; ++g) {
+    scores_[g].resize(length);
+    frozen_[g].resize(length);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ScoreAccumulator::Freeze(uint32_t group, Range positions) {
   if (group >= layer_groups_) {
     return absl::InvalidArgumentError(

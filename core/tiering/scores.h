@@ -58,6 +58,10 @@ class ScoreAccumulator {
   // Freezes every position of every T3 page. INVALID_ARGUMENT when placement.num_groups differs
   // from layer_groups() or page_tokens is 0.
   absl::Status FreezeEvicted(const Placement& placement, uint32_t page_tokens);
+  // Forgets every position at or after `length` (a rollback: speculative decoding, a crop);
+  // the positions kept keep their scores and frozen flags. INVALID_ARGUMENT when `length`
+  // exceeds length().
+  absl::Status Truncate(uint64_t length);
 
   uint32_t num_layers() const { return num_layers_; }
   uint32_t num_heads() const { return num_heads_; }

@@ -126,7 +126,9 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
   GroupStats stats;
   stats.candidate_pages = protected_pages.CandidatePages();
   stats.protected_tokens = protected_pages.protected_tokens;
-  uint64_t already_evicted = 0;
+  // Evicted pages stay T3 whatever else holds: after a rollback (TieredSequence::Truncate) the
+  // recent window can reach back over them and the eviction budget shrink below them.
+  uint64_t already_evicted = 0, evicted_protected = 0;
   double evicted_mass = 0;  // their PageMassEstimate, for max_lost_mass
   // One pass: protected pages to T0, evicted pages stay T3, live candidates become keys.
   auto range = protected_pages.ranges.begin();
@@ -140,11 +142,7 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
     const bool is_protected = range != protected_pages.ranges.end() && range->begin <= p;
     const Tier now = p < current.size() ? current[p] : Tier::kT0;
     if (now == Tier::kT3) {
-      if (is_protected) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("placement evicts protected page ", p, " of group ", group));
-      }
-      ++already_evicted;
+      ++(is_protected ? evicted_protected : already_evicted);
       evicted_mass += PageMassEstimate(s, static_cast<uint32_t>(p), page_tokens, length);
       out[p] = Tier::kT3;
     } else if (is_protected) {
@@ -153,21 +151,20 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
       keys.push_back(RankKey(s, static_cast<uint32_t>(p)));
     }
   }
-  const uint64_t ratio_target =
-      TargetEvictedPages(budgets.evict_ratio, stats.candidate_pages, page_tokens);
-  if (already_evicted > ratio_target) {
-    return absl::InvalidArgumentError(absl::StrCat("placement of group ", group, " evicts ",
-                                                   already_evicted, " pages but evict_ratio ",
-                                                   budgets.evict_ratio, " allows ", ratio_target));
-  }
+  // Candidates evicted: the budget's, or more when a rollback left more than it now allows.
+  const uint64_t ratio_target = std::max(
+      TargetEvictedPages(budgets.evict_ratio, stats.candidate_pages, page_tokens), already_evicted);
   const uint64_t live = keys.size();
   const uint64_t new_evictions =
       EvictionsWithinLostMass(keys, ratio_target - already_evicted, scores, page_tokens, length,
                               evicted_mass, budgets.max_lost_mass);
   const uint64_t target = already_evicted + new_evictions;
   const uint64_t survivors = live - new_evictions;
-  const uint64_t live_tokens = length - target * page_tokens;
-  stats.evicted_pages = target;
+  const uint64_t evicted = target + evicted_protected;
+  const uint64_t live_tokens = length - std::min(length, evicted * page_tokens);
+  stats.evicted_pages = evicted;
+  // Protected pages already evicted hold no T0.
+  stats.protected_tokens -= std::min(stats.protected_tokens, evicted_protected * page_tokens);
   stats.t0_budget_tokens = CeilRatio(budgets.hbm_ratio, live_tokens);
   uint64_t t0_room = 0;
   if (stats.protected_tokens > stats.t0_budget_tokens) {
@@ -188,7 +185,8 @@ absl::StatusOr<GroupStats> SelectGroup(absl::Span<const float> scores,
     const Tier t = i < a ? Tier::kT3 : i < b ? Tier::kT2 : i < c ? Tier::kT1 : Tier::kT0;
     out[static_cast<uint32_t>(keys[i])] = t;
   }
-  stats.pages = {n - stats.candidate_pages + t0, survivors - t0 - t2, t2, target};
+  stats.pages = {n - stats.candidate_pages - evicted_protected + t0, survivors - t0 - t2, t2,
+                 evicted};
   return stats;
 }
 

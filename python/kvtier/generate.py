@@ -3,6 +3,9 @@ then the tier report of ``kvtier-run generate`` (``--json``: the same keys).
 
     python -m kvtier.generate --prompt "How many legs do 3 spiders have?" --chat \\
         --policy hierarchy --hbm-ratio 0.5 --evict-ratio 0.03 --daemon unix:/run/kvtier/kvtierd.sock
+
+The text report says whether T0 ended at most β of the live tokens, and if not, why (the
+protected set, degraded plans, or tokens since the last placement).
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ def positive(text: str) -> int:
     return value
 
 
+def nonnegative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="python -m kvtier.generate",
@@ -67,6 +77,21 @@ def parse_args(argv):
                    "stays at most this (default: no limit; 0: no eviction)")
     p.add_argument("--page-tokens", type=positive, default=16)
     p.add_argument("--codec", default="int8_kivi", help="T2 codec: int8_kivi | fp8_e4m3 | minmax")
+    kept = p.add_argument_group(
+        "the protected set and Δ",
+        "positions that never leave T0, and how often pages are placed; with the prompt "
+        "protected, a long prompt with a short answer offloads nothing")
+    kept.add_argument("--sink-tokens", type=nonnegative, default=4,
+                      help="first positions kept in T0 (default: %(default)s)")
+    kept.add_argument("--window-tokens", type=nonnegative, default=128,
+                      help="most recent positions kept in T0 (default: %(default)s)")
+    kept.add_argument("--protect-prompt", action=argparse.BooleanOptionalAction, default=True,
+                      help="keep the whole prompt in T0 (default: on)")
+    kept.add_argument("--retier-interval", type=positive, default=64,
+                      help="Δ: decode steps between placements (default: %(default)s)")
+    kept.add_argument("--wait-for-plans", action="store_true",
+                      help="with --daemon: apply each plan at its step, as local pools do "
+                      "(the same tokens at r > 0; one round trip per placement)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--daemon", help="kvtierd's socket, unix:PATH (default: $KVTIER_SOCKET "
                        "when set, else in-process pools)")
@@ -163,7 +188,12 @@ def run(args) -> dict:
     cache = TieredCache(policy=args.policy, hbm_ratio=args.hbm_ratio,
                         evict_ratio=args.evict_ratio, compress_ratio=args.compress_ratio,
                         codec=args.codec, page_tokens=args.page_tokens,
-                        daemon=args.daemon or "", max_lost_mass=args.max_lost_mass)
+                        daemon=args.daemon or "", max_lost_mass=args.max_lost_mass,
+                        sink_tokens=args.sink_tokens, window_tokens=args.window_tokens,
+                        protect_prompt=args.protect_prompt,
+                        retier_interval=args.retier_interval,
+                        wait_for_plans=args.wait_for_plans,
+                        local_fallback=False)  # --daemon asked for kvtierd: say it is down
     progress = Progress(args.max_new_tokens, quiet=args.json)
     with torch.no_grad():
         out = model.generate(ids, cache=cache, max_new_tokens=args.max_new_tokens,
@@ -215,10 +245,43 @@ def format_report(r: dict) -> str:
         f"{r['lost_mass']['evicted_estimate']:.4f}; peak {r['lost_mass']['peak']:.4f})",
         f"  moved           offload {mib(r['offload_bytes'])}, compress {mib(r['compress_bytes'])}, "
         f"promote {mib(r['promote_bytes'])}, decompress {mib(r['decompress_bytes'])}",
-        f"  plans           {r['plans']} ({r['degraded_plans']} degraded, {r['local_plans']} local)",
+        f"  plans           {r['plans']} ({r['degraded_plans']} degraded, {r['local_plans']} local, "
+        f"{r.get('protected_overflow_plans', 0)} with the protected set over β)",
+        *beta_lines(r),
         f"  speed           prefill {r['prompt_tokens'] / max(r['prefill_seconds'], 1e-9):.1f} "
         f"tok/s, decode {r['decode_tokens_per_second']:.1f} tok/s",
     ])
+
+
+def beta_lines(r: dict) -> list[str]:
+    """Whether T0 holds at most β of the live tokens at the end, and if not, why."""
+    if r["policy"] != "hierarchy" or "tokens_by_tier" not in r:
+        return []
+    t0, t1, t2, _ = r["tokens_by_tier"]
+    live = t0 + t1 + t2
+    if live == 0:
+        return []
+    share = t0 / live
+    if t0 <= r["hbm_ratio"] * live + r["page_tokens"]:  # placement is by whole pages
+        return [f"  β               met: T0 holds {100 * share:.1f}% of the live tokens"]
+    protected = r.get("sink_tokens", 0) + r.get("window_tokens", 0)
+    parts = [f"{r.get('sink_tokens', 0)} sink", f"{r.get('window_tokens', 0)} window"]
+    if r.get("protect_prompt"):
+        protected += r["prompt_tokens"]
+        parts.insert(0, f"the {r['prompt_tokens']}-token prompt")
+    lines = [f"  β               NOT met: T0 holds {100 * share:.1f}% of the live tokens, "
+             f"β = {100 * r['hbm_ratio']:.0f}%"]
+    if r.get("protected_overflow_plans", 0) or protected >= r["hbm_ratio"] * live:
+        hint = "--no-protect-prompt" if r.get("protect_prompt") else "a smaller --window-tokens"
+        lines.append(f"    why           the protected set ({' + '.join(parts)} = up to {protected} "
+                     f"tokens) never leaves T0 and exceeds β × {live} live tokens: try {hint}")
+    elif r["degraded_plans"]:
+        lines.append("    why           degraded plans: kvtierd was unreachable or its pools full, "
+                     "so nothing new was offloaded")
+    else:
+        lines.append(f"    why           tokens since the last placement stay in T0 until the next "
+                     f"(every {r.get('retier_interval', '?')} steps)")
+    return lines
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,7 @@
     import kvtier.hf                     # registers attn_implementation="kvtier"
     model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="kvtier")
     cache = kvtier.hf.TieredCache(policy="hierarchy", hbm_ratio=0.5, evict_ratio=0.03)
-    model.generate(ids, past_key_values=cache, max_new_tokens=256)
+    model.generate(ids, cache=cache, max_new_tokens=256)
     cache.report()                       # the figures of `kvtier-run generate --json`
 
 Each layer's post-RoPE K/V goes into one kvtier ``TieredSequence`` (T0 in the runtime's arena,
@@ -16,7 +16,9 @@ never renumbered: an evicted token keeps its place, so RoPE positions and ``cach
 stay those of the full sequence.
 
 Tested with the transformers version pinned in python/requirements.txt (docs/python.md says
-what a newer one needs). One kvtier sequence per batch row (rows of equal length: no padding),
+what a newer one needs). One kvtier sequence per batch row: a left-padded batch (what
+``generate`` builds for prompts of different lengths) stores each row from its first real token.
+``crop`` rolls back (speculative decoding); beam search is refused before anything is stored.
 CPU tensors; the GPU path is the CUDA backend's.
 """
 
@@ -26,6 +28,7 @@ import atexit
 import math
 import sys
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -33,6 +36,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.generation.utils import GenerationMixin
 from transformers.modeling_utils import PreTrainedModel
 
 from kvtier import _native
@@ -70,6 +74,13 @@ def _runtime_for(key: tuple, make) -> _native.Runtime:
         return runtime
 
 
+def _forget_runtime(key: tuple, runtime) -> None:
+    """Drops a runtime whose daemon session is stale (its live sequences keep it alive)."""
+    with _runtimes_lock:
+        if _runtimes.get(key) is runtime:
+            del _runtimes[key]
+
+
 _live_caches: "weakref.WeakSet[TieredCache]" = weakref.WeakSet()
 
 
@@ -99,7 +110,7 @@ class _TieredLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
-    is_croppable = False
+    is_croppable = True  # TieredCache.crop rolls every row back (TieredSequence.truncate)
     supports_early_init = False
 
     def __init__(self, cache: "TieredCache", layer: int):
@@ -127,21 +138,31 @@ class _TieredLayer(CacheLayerMixin):
         self._cache.close()
 
     def reorder_cache(self, beam_idx) -> None:
-        raise NotImplementedError("TieredCache holds one sequence: beam search is not supported")
+        _refuse_beams("reorder_cache")
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("TieredCache cannot crop: positions are never taken back")
+        # One kvtier sequence holds every layer: the cache crops them all at once.
+        raise NotImplementedError("TieredCache crops every layer at once: call cache.crop(-n)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("TieredCache cannot copy its rows: beam search is not supported")
+        _refuse_beams("batch_repeat_interleave")
 
     def batch_select_indices(self, indices) -> None:
-        raise NotImplementedError("TieredCache cannot drop rows: beam search is not supported")
+        _refuse_beams("batch_select_indices")
+
+
+def _refuse_beams(operation: str) -> None:
+    raise NotImplementedError(
+        f"TieredCache.{operation}: beam search (num_beams > 1) is not supported: each row is a "
+        "kvtier sequence whose pages live in several tiers and cannot be copied between rows. "
+        "Use num_beams=1 (greedy, sampling, assisted decoding), or a DynamicCache for beams"
+    )
 
 
 class TieredCache(Cache):
     """A transformers ``Cache`` whose KV lives in kvtier's tiers: one kvtier sequence per batch
-    row (rows of equal length; a padding mask is refused).
+    row. A left-padded batch keeps each row from its first real token (padding is never
+    stored); other padding (right, holes) and custom 4-D masks are refused.
 
     Keywords: ``policy`` ("hierarchy", "full", "streaming"), ``hbm_ratio`` β (T0's share of live
     tokens), ``evict_ratio`` r (cumulative evicted share of eligible tokens; 0 = exact),
@@ -153,7 +174,14 @@ class TieredCache(Cache):
     "last-turn": only the prompt from ``protected_prompt_begin``, the token where the last user
     turn starts, is protected), ``retier_interval``. ``max_lost_mass`` ε: evict only while the
     evicted pages' estimated attention mass per decode step stays at most ε (None = no limit,
-    0 = no eviction); ``report()["lost_mass"]`` is the guardrail's figure.
+    0 = no eviction); ``report()["lost_mass"]`` is the guardrail's figure. ``wait_for_plans``
+    (daemon only; default False): apply each kvtierd plan at its re-tiering step, as local pools
+    do, so placement and tokens do not depend on the daemon's timing (one round trip per
+    re-tiering on the token path; False keeps the daemon off it and applies a plan at the first
+    step after it arrives).
+    ``local_fallback`` (default True): a new cache whose kvtierd is down opens its sequences
+    on local pools (with a RuntimeWarning naming the socket) instead of raising; the next cache,
+    or this one after ``close()``, goes to kvtierd again.
 
     Needs the model loaded with ``attn_implementation="kvtier"`` (after ``import kvtier.hf``).
     """
@@ -174,6 +202,8 @@ class TieredCache(Cache):
         protected_prompt_begin: int = 0,
         retier_interval: int = 64,
         max_lost_mass: float | None = None,
+        wait_for_plans: bool = False,
+        local_fallback: bool = True,
         tag: str = "transformers",
         local_ddr_bytes: int = 2 << 30,
         local_compressed_bytes: int = 1 << 30,
@@ -206,6 +236,12 @@ class TieredCache(Cache):
                 f"TieredCache: daemon={daemon!r} must be kvtierd's unix socket, 'unix:PATH' "
                 "(workers need the memory channel beside it), or \"\" for local pools"
             )
+        if daemon is not None and (int(sink_tokens) == 0 or int(window_tokens) == 0):
+            name = "sink_tokens" if int(sink_tokens) == 0 else "window_tokens"
+            raise ValueError(
+                f"TieredCache: {name}=0 cannot reach kvtierd, which reads 0 as its default: "
+                "use at least 1, or local pools (daemon=\"\")"
+            )
         self.codec = codec
         self.page_tokens = int(page_tokens)
         self.daemon = daemon
@@ -232,10 +268,14 @@ class TieredCache(Cache):
             int(protected_prompt_begin) if self.protect_mode == "last-turn" else 0
         )
         self.retier_interval = int(retier_interval)
+        self.wait_for_plans = bool(wait_for_plans)
+        self.local_fallback = bool(local_fallback)
+        self.fell_back = False  # this cache's sequences are on local pools: kvtierd was down
         self.tag = tag
         self.local_ddr_bytes = int(local_ddr_bytes)
         self.local_compressed_bytes = int(local_compressed_bytes)
         self.sequences: list[_native.TieredSequence] = []
+        self.starts: list[int] = []  # per row: left padding, never stored
         _live_caches.add(self)
 
     # ---- transformers' Cache ----
@@ -246,7 +286,30 @@ class TieredCache(Cache):
         return self.layers[layer_idx].update(key_states, value_states)
 
     def reorder_cache(self, beam_idx) -> None:
-        raise NotImplementedError("TieredCache holds one sequence: beam search is not supported")
+        _refuse_beams("reorder_cache")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Removes the last ``-tokens_to_remove`` positions of every row and layer (speculative
+        decoding, rollbacks), whatever tier their pages are in, as ``DynamicCache.crop`` does.
+        A rollback that keeps part of an evicted page raises FailedPreconditionError (nothing
+        changes); one below the length kvtierd last saw brings the row's offloaded pages back
+        to T0 (kvtierd's lengths only grow)."""
+        tokens_to_remove = int(tokens_to_remove)
+        if tokens_to_remove > 0:
+            raise ValueError(
+                f"TieredCache.crop({tokens_to_remove}): give a negative number of positions to "
+                "remove (as DynamicCache.crop does)"
+            )
+        if tokens_to_remove == 0 or not self.sequences:
+            return
+        length = self._length(0)
+        if -tokens_to_remove > length - max(self.starts):
+            raise ValueError(
+                f"TieredCache.crop({tokens_to_remove}): the cache holds {length} positions, "
+                f"{max(self.starts)} of them padding in some row; nothing was removed"
+            )
+        for seq, start in zip(self.sequences, self.starts):
+            seq.truncate(length + tokens_to_remove - start)
 
     # ---- kvtier ----
 
@@ -260,6 +323,12 @@ class TieredCache(Cache):
         f32 KV)."""
         report = {
             "policy": self.policy,
+            "wait_for_plans": self.wait_for_plans,
+            "sink_tokens": self.sink_tokens,
+            "window_tokens": self.window_tokens,
+            "protect_prompt": self.protect_prompt,
+            "retier_interval": self.retier_interval,
+            "fell_back_to_local": self.fell_back,
             "hbm_ratio": self.hbm_ratio,
             "evict_ratio": self.evict_ratio,
             "compress_ratio": self.compress_ratio,
@@ -297,7 +366,9 @@ class TieredCache(Cache):
         for seq in self.sequences:
             seq.close()
         self.sequences = []
+        self.starts = []
         self.layers = []
+        self.fell_back = False
 
     def _row(self, row: int):
         if not self.sequences:
@@ -309,10 +380,12 @@ class TieredCache(Cache):
     # ---- between update() and the attention call ----
 
     def _length(self, layer: int) -> int:
+        """Positions as transformers counts them: row 0's, its left padding included."""
         seq = self.sequence
         if seq is None or seq.closed:
             return 0
-        return seq.length(layer)
+        stored = seq.length(layer)
+        return stored + self.starts[0] if stored else 0
 
     def _hand_over(self, layer: int, key_states, value_states):
         if getattr(_pending, "value", None) is not None:
@@ -328,7 +401,7 @@ class TieredCache(Cache):
         _pending.value = _Pending(self, layer, key_states)
         return key_states, value_states
 
-    def _open(self, module, query, key, scaling: float) -> None:
+    def _open(self, module, query, key, scaling: float, starts: list[int]) -> None:
         # Head counts and head_dim from the tensors: configs name them differently (GPT-NeoX has
         # no num_key_value_heads) and some layers derive them (head_dim != hidden / heads).
         batch, heads, query_tokens, head_dim = query.shape
@@ -340,8 +413,37 @@ class TieredCache(Cache):
                 f"({type(config).__name__}) has no num_hidden_layers"
             )
         shape = (int(layers), int(heads), int(key.shape[1]), int(head_dim), float(scaling))
-        key = shape + (self.page_tokens, self.codec, self.daemon or "")
+
+        def open_rows(runtime):
+            return [
+                runtime.open(
+                    policy=self.policy,
+                    prompt_tokens=query_tokens - starts[row],
+                    hbm_ratio=self.hbm_ratio,
+                    evict_ratio=self.evict_ratio,
+                    compress_ratio=self.compress_ratio,
+                    sink_tokens=self.sink_tokens,
+                    window_tokens=self.window_tokens,
+                    protect_prompt=self.protect_prompt,
+                    # Counted in the (left-padded) input, like the tokens the caller sees.
+                    protected_prompt_begin=max(0, self.protected_prompt_begin - starts[row]),
+                    retier_interval=self.retier_interval,
+                    max_lost_mass=math.inf if self.max_lost_mass is None else self.max_lost_mass,
+                    wait_for_plans=self.wait_for_plans,
+                    tag=self.tag if batch == 1 else f"{self.tag}[{row}]",
+                )
+                for row in range(batch)
+            ]
+
         if self.daemon is None:
+            self.sequences = open_rows(self._runtime(shape, None)[1])
+        else:
+            self.sequences = self._open_at_daemon(shape, open_rows)
+        self.starts = list(starts)
+
+    def _runtime(self, shape: tuple, daemon: str | None):
+        key = shape + (self.page_tokens, self.codec, daemon or "")
+        if daemon is None:
             key += (self.local_ddr_bytes, self.local_compressed_bytes)
         runtime = _runtime_for(
             key,
@@ -349,51 +451,119 @@ class TieredCache(Cache):
                 *shape,
                 page_tokens=self.page_tokens,
                 codec=self.codec,
-                daemon=self.daemon or "",
+                daemon=daemon or "",
                 worker_name="kvtier-python",
                 ddr_bytes=self.local_ddr_bytes,
                 compressed_bytes=self.local_compressed_bytes,
             ),
         )
-        open_row = lambda row: runtime.open(  # noqa: E731
-            policy=self.policy,
-            prompt_tokens=query_tokens,
-            hbm_ratio=self.hbm_ratio,
-            evict_ratio=self.evict_ratio,
-            compress_ratio=self.compress_ratio,
-            sink_tokens=self.sink_tokens,
-            window_tokens=self.window_tokens,
-            protect_prompt=self.protect_prompt,
-            protected_prompt_begin=self.protected_prompt_begin,
-            retier_interval=self.retier_interval,
-            max_lost_mass=math.inf if self.max_lost_mass is None else self.max_lost_mass,
-            tag=self.tag if batch == 1 else f"{self.tag}[{row}]",
-        )
-        self.sequences = [open_row(row) for row in range(batch)]
+        return key, runtime
 
-    def _attend(self, module, layer: int, query, key, value, scaling, window, softcap):
+    def _open_at_daemon(self, shape: tuple, open_rows):
+        """Opens the rows at kvtierd. A shared runtime whose session a restart ended (NotFound,
+        "register again") or whose connection went stale (Unavailable) is replaced once; a
+        daemon that stays unreachable leaves the rows on local pools (local_fallback)."""
+        for attempt in (0, 1):
+            try:
+                key, runtime = self._runtime(shape, self.daemon)
+            except _native.UnavailableError as error:
+                return self._fall_back(shape, open_rows, error)
+            try:
+                return open_rows(runtime)
+            except (_native.NotFoundError, _native.FailedPreconditionError,
+                    _native.UnavailableError) as error:
+                stale = not isinstance(error, _native.FailedPreconditionError) or (
+                    "register again" in str(error))
+                if not stale:
+                    raise
+                _forget_runtime(key, runtime)
+                if attempt == 1:
+                    if isinstance(error, _native.UnavailableError):
+                        return self._fall_back(shape, open_rows, error)
+                    raise
+        raise AssertionError("unreachable")
+
+    def _fall_back(self, shape: tuple, open_rows, error):
+        if not self.local_fallback:
+            raise error
+        warnings.warn(
+            f"TieredCache: kvtierd at {self.daemon} is unreachable ({error}); this cache's "
+            "sequences use local pools in this process (the next cache tries kvtierd again)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        self.fell_back = True
+        return open_rows(self._runtime(shape, None)[1])
+
+    def _attend(self, module, layer: int, query, key, value, scaling, window, softcap, mask):
         if query.device.type != "cpu":
             raise TypeError(
                 f"TieredCache: the query is on {query.device}; kvtier's CPU kernel reads host "
                 "memory (the CUDA backend is the GPU path: docs/python.md)"
             )
         batch, heads, n, head_dim = query.shape
+        past = self._length(layer)
+        starts = _left_padding(mask, batch, past + n)
         if not self.sequences:
             if layer != 0:
                 raise RuntimeError(f"TieredCache: the first forward pass began at layer {layer}")
-            self._open(module, query, key, scaling)
+            starts = starts or [0] * batch
+            for row, start in enumerate(starts):
+                if start >= n:
+                    raise NotImplementedError(
+                        f"TieredCache: row {row} of the first forward pass is all padding "
+                        f"({start} of {n} positions); nothing was stored"
+                    )
+            self._open(module, query, key, scaling, starts)
         elif batch != len(self.sequences):
             raise ValueError(f"TieredCache holds {len(self.sequences)} rows; this call has {batch}")
+        elif starts is not None and starts != self.starts:
+            raise NotImplementedError(
+                f"TieredCache: the padding changed after the first forward pass (rows start at "
+                f"{self.starts}, the mask now says {starts}): only left padding of the prompt is "
+                "supported"
+            )
         dtype = query.dtype
-        out = torch.empty((batch, n, heads, head_dim), dtype=torch.float32)
+        out = torch.zeros((batch, n, heads, head_dim), dtype=torch.float32)
         for row, seq in enumerate(self.sequences):
+            # Positions of this call that are the row's left padding are not stored; their
+            # outputs stay 0 (no real position ever attends them).
+            skip = max(0, self.starts[row] - past)
             # The kernel computes in float32; other dtypes are converted at this edge.
-            k = key[row].detach().transpose(0, 1).to(torch.float32).contiguous()
-            v = value[row].detach().transpose(0, 1).to(torch.float32).contiguous()
+            k = key[row, :, skip:].detach().transpose(0, 1).to(torch.float32).contiguous()
+            v = value[row, :, skip:].detach().transpose(0, 1).to(torch.float32).contiguous()
             seq.append(layer, k, v)
-            q = query[row].detach().transpose(0, 1).to(torch.float32).contiguous()
-            seq.attend(layer, q, out[row], window=window, softcap=softcap)
+            q = query[row, :, skip:].detach().transpose(0, 1).to(torch.float32).contiguous()
+            seq.attend(layer, q, out[row, skip:], window=window, softcap=softcap)
         return (out if dtype == torch.float32 else out.to(dtype)), None
+
+
+def _left_padding(mask, batch: int, length: int) -> list[int] | None:
+    """Each row's left padding from kvtier_mask's 2-D padding mask (None: no mask). Refuses, by
+    name, a mask that is not left padding (right padding, holes) or of another shape."""
+    if mask is None:
+        return None
+    if mask.dim() != 2:
+        raise NotImplementedError(
+            f"TieredCache: a custom {mask.dim()}-D attention mask; kvtier's kernel computes causal "
+            "attention (with the layer's window) over each row's own positions. Pass a 2-D "
+            "padding mask (left padding), or use attn_implementation='eager' and a DynamicCache"
+        )
+    if mask.shape[0] != batch or mask.shape[1] < length:
+        raise ValueError(
+            f"TieredCache: the padding mask is {list(mask.shape)}; the call needs "
+            f"[{batch}, >= {length}]"
+        )
+    mask = mask[:, :length].to(torch.bool)
+    starts = (~mask).to(torch.int64).cumprod(dim=1).sum(dim=1)
+    positions = torch.arange(length)[None, :]
+    if not torch.equal(mask, positions >= starts[:, None]):
+        raise NotImplementedError(
+            "TieredCache: padding other than on the left (right padding, or masked positions "
+            "between real ones) is not supported: pad on the left (tokenizer.padding_side = "
+            "'left', what generate expects) — nothing was stored"
+        )
+    return [int(x) for x in starts]
 
 
 # Keywords transformers passes to attention functions that do not change what is computed here.
@@ -454,21 +624,31 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     if pending is None:
-        return _eager(module, query, key, value, scaling, window, softcap)
-    return pending.cache._attend(module, pending.layer, query, key, value, scaling, window, softcap)
+        return _eager(module, query, key, value, scaling, window, softcap, attention_mask)
+    return pending.cache._attend(module, pending.layer, query, key, value, scaling, window,
+                                 softcap, attention_mask)
 
 
-def _eager(module, query, key, value, scaling, window: int, softcap: float):
+def _eager(module, query, key, value, scaling, window: int, softcap: float, attention_mask):
     """No TieredCache: eager attention with the mask kvtier_mask does not build (causal, the
-    queries are the last positions, and the window) and the softcap, as the kernel computes."""
+    queries are the last positions, and the window), the padding it passes on (2-D) or a
+    custom 4-D mask, and the softcap, as the kernel computes."""
     q, kv = query.shape[2], key.shape[2]
-    query_pos = torch.arange(kv - q, kv, device=query.device)[:, None]
-    key_pos = torch.arange(kv, device=query.device)[None, :]
-    allowed = key_pos <= query_pos
-    if window:
-        allowed &= key_pos > query_pos - window
-    mask = torch.zeros((q, kv), dtype=query.dtype, device=query.device)
-    mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+    lowest = torch.finfo(query.dtype).min
+    if attention_mask is not None and attention_mask.dim() == 4:
+        mask = attention_mask[:, :, :, -kv:]
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill(~mask, lowest)
+    else:
+        query_pos = torch.arange(kv - q, kv, device=query.device)[:, None]
+        key_pos = torch.arange(kv, device=query.device)[None, :]
+        allowed = (key_pos <= query_pos)[None, None]
+        if window:
+            allowed = allowed & (key_pos > query_pos - window)
+        if attention_mask is not None:  # kvtier_mask's padding: [batch, >= kv] positions
+            allowed = allowed & attention_mask[:, None, None, -kv:].to(torch.bool)
+        mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+        mask.masked_fill_(~allowed, lowest)
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
@@ -481,14 +661,16 @@ def _eager(module, query, key, value, scaling, window: int, softcap: float):
 
 def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                 attention_mask=None, **kwargs):
-    """The ``"kvtier"`` mask: none. kvtier's kernel is causal and skips evicted positions itself,
-    so only a padding mask would add anything, and padding is refused here, where transformers
-    still shows it (the attention call would not see it)."""
-    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-        raise NotImplementedError(
-            "TieredCache: padding is not supported (batch rows of equal length only)"
-        )
-    return None
+    """The ``"kvtier"`` mask: kvtier's kernel is causal, windowed and skips evicted positions
+    itself, so only padding adds anything: the 2-D padding mask is passed on (positions past
+    its end are real), None without padding. The attention call reads each row's left padding
+    from it and refuses any other."""
+    if attention_mask is None or attention_mask.dim() != 2 or bool(attention_mask.all()):
+        return None
+    missing = kv_length + kv_offset - attention_mask.shape[-1]
+    if missing > 0:
+        attention_mask = torch.nn.functional.pad(attention_mask, (0, missing), value=True)
+    return attention_mask.to(torch.bool)
 
 
 _check_attn_implementation = PreTrainedModel._check_and_adjust_attn_implementation
@@ -515,5 +697,18 @@ def _kvtier_checked_attn_implementation(self, attn_implementation, *args, **kwar
 
 
 PreTrainedModel._check_and_adjust_attn_implementation = _kvtier_checked_attn_implementation
+
+_prepare_cache = GenerationMixin._prepare_cache_for_generation
+
+
+def _kvtier_prepare_cache(self, generation_config, model_kwargs, *args, **kwargs):
+    """generate() with a TieredCache and beams: refused before the prefill stores anything."""
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    if isinstance(cache, TieredCache) and (generation_config.num_beams or 1) > 1:
+        _refuse_beams(f"generate(num_beams={generation_config.num_beams})")
+    return _prepare_cache(self, generation_config, model_kwargs, *args, **kwargs)
+
+
+GenerationMixin._prepare_cache_for_generation = _kvtier_prepare_cache
 AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
 AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kvtier_mask)

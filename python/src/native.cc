@@ -17,8 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "kvtier/client.h"
 #include "python/src/proto_dict.h"
 #include "worker/runtime/report_json.h"
@@ -52,6 +54,24 @@ void ThrowIfError(const absl::Status& status) {
 template <typename T>
 T ValueOrThrow(absl::StatusOr<T> v) {
   ThrowIfError(v.status());
+  return *std::move(v);
+}
+
+// Every UnavailableError names the daemon it could not reach (a refused connect, a broken pipe
+// and a deadline read alike otherwise).
+absl::Status NamingDaemon(absl::Status s, const std::string& address) {
+  const bool unreachable =
+      s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded;
+  const absl::string_view path = absl::StripPrefix(address, "unix:");
+  if (!unreachable || address.empty() || absl::StrContains(s.message(), path)) return s;
+  return absl::Status(s.code(), absl::StrCat("kvtierd at ", address, ": ", s.message()));
+}
+void ThrowIfError(const absl::Status& status, const std::string& address) {
+  if (!status.ok()) ThrowIfError(NamingDaemon(status, address));
+}
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> v, const std::string& address) {
+  ThrowIfError(v.status(), address);
   return *std::move(v);
 }
 
@@ -173,7 +193,7 @@ class Runtime {
  public:
   explicit Runtime(worker::RuntimeOptions options) : options_(std::move(options)) {
     nb::gil_scoped_release release;  // registering may wait for the daemon
-    runtime_ = ValueOrThrow(worker::WorkerRuntime::Create(options_));
+    runtime_ = ValueOrThrow(worker::WorkerRuntime::Create(options_), options_.daemon_address);
   }
   std::unique_ptr<Sequence> Open(const worker::SequenceOptions& options);
   const worker::RuntimeOptions& options() const { return options_; }
@@ -189,8 +209,9 @@ class Runtime {
 // Not thread-safe, like TieredSequence: the GIL is held across every call on it.
 class Sequence {
  public:
-  Sequence(std::unique_ptr<worker::TieredSequence> seq, const worker::AttentionShape& shape)
-      : seq_(std::move(seq)), shape_(shape) {}
+  Sequence(std::unique_ptr<worker::TieredSequence> seq, const worker::AttentionShape& shape,
+           std::string daemon)
+      : seq_(std::move(seq)), shape_(shape), daemon_(std::move(daemon)) {}
 
   void Append(uint32_t layer, const nb::ndarray<>& k, const nb::ndarray<>& v) {
     const int64_t kvh = shape_.num_kv_heads, d = shape_.head_dim;
@@ -221,6 +242,10 @@ class Sequence {
     return Live()->Length(layer);
   }
   void Retier() { ThrowIfError(Live()->Retier()); }
+  void Truncate(uint32_t length) {
+    nb::gil_scoped_release release;  // a rollback below kvtierd's length re-opens: an RPC
+    ThrowIfError(Live()->Truncate(length), daemon_);
+  }
   nb::object Report() const {
     return JsonToPython(worker::SequenceReportJson(Live()->Report()).dump());
   }
@@ -272,15 +297,16 @@ class Sequence {
 
   std::unique_ptr<worker::TieredSequence> seq_;
   worker::AttentionShape shape_;
+  std::string daemon_;  // kvtierd's address, for errors ("" = local pools)
 };
 
 std::unique_ptr<Sequence> Runtime::Open(const worker::SequenceOptions& options) {
   std::unique_ptr<worker::TieredSequence> seq;
   {
     nb::gil_scoped_release release;  // opening in daemon mode is an RPC
-    seq = ValueOrThrow(runtime_->Open(options));
+    seq = ValueOrThrow(runtime_->Open(options), options_.daemon_address);
   }
-  return std::make_unique<Sequence>(std::move(seq), options_.attention);
+  return std::make_unique<Sequence>(std::move(seq), options_.attention, options_.daemon_address);
 }
 
 // ---- the client of kvtierd, for engines that drive their own data plane ----
@@ -292,12 +318,13 @@ class Client {
     ClientOptions options;
     options.daemon_uid = daemon_uid;
     options.address = address;
+    address_ = address;
     options.rpc_deadline = absl::Milliseconds(rpc_deadline_ms);
     options.background_heartbeat = background_heartbeat;
     options.heartbeat_priority = heartbeat_priority;
     ThrowIfError(PythonToProto(registration, "registration", &options.registration));
     nb::gil_scoped_release release;
-    client_ = ValueOrThrow(WorkerClient::Connect(options));
+    client_ = ValueOrThrow(WorkerClient::Connect(options), address_);
   }
   uint64_t worker_id() const { return client_->worker_id(); }
   uint64_t generation() const { return client_->generation(); }
@@ -309,7 +336,7 @@ class Client {
     v1::PolicyConfig config;
     ThrowIfError(PythonToProto(policy, "policy", &config));
     nb::gil_scoped_release release;
-    return ValueOrThrow(client_->OpenSequence(prompt_tokens, config, tag));
+    return ValueOrThrow(client_->OpenSequence(prompt_tokens, config, tag), address_);
   }
   nb::object SubmitSnapshot(const nb::dict& snapshot) {
     v1::SubmitSnapshotRequest request;
@@ -317,30 +344,30 @@ class Client {
     v1::TierPlan plan;
     {
       nb::gil_scoped_release release;
-      plan = ValueOrThrow(client_->SubmitSnapshot(std::move(request)));
+      plan = ValueOrThrow(client_->SubmitSnapshot(std::move(request)), address_);
     }
     return ProtoToPython(plan);
   }
   void AckPlan(uint64_t sequence_id, uint64_t plan_version, bool applied,
                const std::string& error) {
     nb::gil_scoped_release release;
-    ThrowIfError(client_->AckPlan(sequence_id, plan_version, applied, error));
+    ThrowIfError(client_->AckPlan(sequence_id, plan_version, applied, error), address_);
   }
   void CloseSequence(uint64_t sequence_id) {
     nb::gil_scoped_release release;
-    ThrowIfError(client_->CloseSequence(sequence_id));
+    ThrowIfError(client_->CloseSequence(sequence_id), address_);
   }
   nb::object Status(bool workers, bool sequences) {
     v1::GetStatusResponse status;
     {
       nb::gil_scoped_release release;
-      status = ValueOrThrow(client_->GetStatus(workers, sequences));
+      status = ValueOrThrow(client_->GetStatus(workers, sequences), address_);
     }
     return ProtoToPython(status);
   }
   void Heartbeat() {
     nb::gil_scoped_release release;
-    ThrowIfError(client_->HeartbeatOnce());
+    ThrowIfError(client_->HeartbeatOnce(), address_);
   }
   void Close() {
     nb::gil_scoped_release release;
@@ -348,6 +375,7 @@ class Client {
   }
 
  private:
+  std::string address_;
   std::unique_ptr<WorkerClient> client_;
 };
 
@@ -402,12 +430,14 @@ NB_MODULE(_native, m) {
           [](Runtime& r, const std::string& policy, uint64_t prompt_tokens, double hbm_ratio,
              double evict_ratio, double compress_ratio, uint32_t sink_tokens,
              uint32_t window_tokens, bool protect_prompt, uint32_t retier_interval,
-             const std::string& tag, uint64_t protected_prompt_begin, double max_lost_mass) {
+             const std::string& tag, uint64_t protected_prompt_begin, double max_lost_mass,
+             bool wait_for_plans) {
             kvtier::worker::SequenceOptions o;
             o.policy = policy;
             o.prompt_tokens = prompt_tokens;
             o.protected_prompt_begin = protected_prompt_begin;
             o.tag = tag;
+            o.wait_for_plans = wait_for_plans;
             o.tiering.page_tokens = r.options().page_tokens;
             o.tiering.sink_tokens = sink_tokens;
             o.tiering.window_tokens = window_tokens;
@@ -423,12 +453,15 @@ NB_MODULE(_native, m) {
           "evict_ratio"_a = 0.0, "compress_ratio"_a = 0.0, "sink_tokens"_a = 4,
           "window_tokens"_a = 128, "protect_prompt"_a = true, "retier_interval"_a = 64,
           "tag"_a = "", "protected_prompt_begin"_a = 0,
-          "max_lost_mass"_a = std::numeric_limits<double>::infinity(), nb::keep_alive<0, 1>(),
+          "max_lost_mass"_a = std::numeric_limits<double>::infinity(), "wait_for_plans"_a = false,
+          nb::keep_alive<0, 1>(),
           "A new tiered sequence; its prompt is [0, prompt_tokens). With protect_prompt, the "
           "prompt from protected_prompt_begin on stays in T0 (the start of the last user turn "
           "protects that turn only). max_lost_mass: ε, evict only while the evicted pages' "
           "estimated attention mass per step stays at most this (inf = no limit, 0 = no "
-          "eviction).")
+          "eviction). wait_for_plans (daemon mode): each plan is applied at its re-tiering step, "
+          "as local pools do (one round trip there), so placement and tokens do not depend on "
+          "the daemon's timing.")
       .def_prop_ro("daemon_mode", &Runtime::daemon_mode)
       .def_prop_ro("worker_id", &Runtime::worker_id)
       .def_prop_ro("arena_used_bytes", &Runtime::arena_used_bytes);
@@ -448,6 +481,10 @@ NB_MODULE(_native, m) {
            "After the last layer the step ends (and re-tiers on a re-tiering step).")
       .def("length", &Sequence::Length, "layer"_a = 0)
       .def("retier", &Sequence::Retier, "Re-tiers now, whatever the step.")
+      .def("truncate", &Sequence::Truncate, "length"_a,
+           "Rolls back to the first `length` positions of every layer (speculative decoding, "
+           "a crop), whatever tier their pages are in; refused (FailedPreconditionError) when "
+           "the page that keeps some rows was evicted.")
       .def("report", &Sequence::Report,
            "The figures of `kvtier-run generate --json`'s report for this sequence.")
       .def("scores", &Sequence::Scores, "group"_a = 0)

@@ -86,14 +86,19 @@ class Daemon:
         self.dir = Path(tempfile.mkdtemp(prefix="kvtierd-py-"))
         self.socket = self.dir / "kvtierd.sock"
         self.log = self.dir / "kvtierd.log"
-        config = self.dir / "kvtierd.toml"
-        config.write_text(
+        self.config = self.dir / "kvtierd.toml"
+        self.config.write_text(
             f'[server]\nmetrics = ""\n[pools]\nddr_mib = {ddr_mib}\n'
             f"compressed_mib = {compressed_mib}\n"
         )
-        with open(self.log, "wb") as log:
+        self.start()
+
+    def start(self) -> None:
+        """Starts kvtierd on the socket (again, after kill: a restart)."""
+        with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(program("kvtierd")), "--config", str(config), "--socket", str(self.socket)],
+                [str(program("kvtierd")), "--config", str(self.config), "--socket",
+                 str(self.socket)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -102,6 +107,11 @@ class Daemon:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"kvtierd did not start: {self.log.read_text()}")
             time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to its workers; the socket file stays behind."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
 
     @property
     def address(self) -> str:

@@ -190,7 +190,7 @@ def test_runtime_through_kvtierd_offloads_into_its_pools(daemon, tmp_path):
     data = list(chunks(11, DAEMON_SIZES))
     want = reference(tmp_path, data)
     seq = rt.open(policy="hierarchy", prompt_tokens=37, hbm_ratio=0.3, window_tokens=4,
-                  sink_tokens=0, protect_prompt=False, retier_interval=1)
+                  sink_tokens=1, protect_prompt=False, retier_interval=1)
     for (k, v, q), (want_out, _) in zip(data, want):
         time.sleep(DAEMON_STEP_S)
         seq.append(0, k, v)
@@ -214,7 +214,7 @@ def test_a_declared_link_brings_schedules_and_split_attention(daemon, tmp_path):
     data = list(chunks(12, DAEMON_SIZES))
     want = reference(tmp_path, data)
     seq = rt.open(policy="hierarchy", prompt_tokens=37, hbm_ratio=0.3, window_tokens=4,
-                  sink_tokens=0, protect_prompt=False, retier_interval=1)
+                  sink_tokens=1, protect_prompt=False, retier_interval=1)
     worst = 0.0
     for (k, v, q), (want_out, _) in zip(data, want):
         time.sleep(DAEMON_STEP_S)
@@ -329,7 +329,7 @@ def test_a_worker_killed_mid_session_does_not_disturb_another(tmp_path):
              "import sys, time, numpy as np, kvtier\n"
              f"rt = kvtier.Runtime(1, {H}, {KVH}, {D}, {SCALE}, page_tokens=4, daemon=sys.argv[1])\n"
              "s = rt.open(policy='hierarchy', prompt_tokens=64, hbm_ratio=0.2, window_tokens=4,"
-             " sink_tokens=0, protect_prompt=False, retier_interval=1)\n"
+             " sink_tokens=1, protect_prompt=False, retier_interval=1)\n"
              f"k = np.ones((64, {KVH}, {D}), np.float32)\n"
              "s.append(0, k, k)\n"
              f"q = np.ones((64, {H}, {D}), np.float32)\n"
@@ -342,7 +342,7 @@ def test_a_worker_killed_mid_session_does_not_disturb_another(tmp_path):
         want = reference(tmp_path, survivor_data)
         rt = runtime(daemon=d.address)
         seq = rt.open(policy="hierarchy", prompt_tokens=37, hbm_ratio=0.3, window_tokens=4,
-                      sink_tokens=0, protect_prompt=False, retier_interval=1)
+                      sink_tokens=1, protect_prompt=False, retier_interval=1)
         for i, ((k, v, q), (want_out, _)) in enumerate(zip(survivor_data, want)):
             if i == 8:
                 victim.kill()

@@ -51,3 +51,17 @@ def test_bad_arguments_name_the_flag(tmp_path):
     assert bad.returncode == 2 and "none.gguf" in bad.stderr
     dead = run("--prompt", "x", "--daemon", f"unix:{tmp_path}/nobody.sock", check=False)
     assert dead.returncode == 1 and "nobody.sock" in dead.stderr, dead.stderr
+
+
+def test_the_report_says_whether_beta_was_met_and_why():
+    # The defaults protect the prompt and 128 recent positions: a short chain cannot meet β.
+    out = run("--prompt", PROMPT, "--chat", "--max-new-tokens", "8", "--hbm-ratio", "0.3").stdout
+    assert "β               NOT met" in out and "protected set" in out, out
+    assert "--no-protect-prompt" in out, out
+    # With the protected set small, pages leave T0 and the line says β was met.
+    out = run("--prompt", PROMPT, "--chat", "--max-new-tokens", "40", "--hbm-ratio", "0.3",
+              "--no-protect-prompt", "--window-tokens", "16", "--sink-tokens", "2",
+              "--retier-interval", "8", "--page-tokens", "8").stdout
+    assert "β               met" in out, out
+    tiers = out.split("tokens by tier")[1].split()
+    assert int(tiers[3]) > 0, out  # T1 holds tokens: pages left T0

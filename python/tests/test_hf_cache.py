@@ -171,8 +171,11 @@ def test_bad_input_raises_clearly_and_loses_nothing(hf_model, tmp_path):
         with torch.no_grad():
             model(input_ids=ids.repeat(2, 1), attention_mask=torch.ones(2, ids.shape[1]).tril(),
                   cache=TieredCache(), use_cache=True)
+    nobody = f"unix:{tmp_path}/nobody.sock"
     with pytest.raises(kvtier.UnavailableError, match="nobody.sock"):
-        step(model, ids, TieredCache(daemon=f"unix:{tmp_path}/nobody.sock"))
+        step(model, ids, TieredCache(daemon=nobody, local_fallback=False))
+    with pytest.warns(RuntimeWarning, match="nobody.sock.*local pools"):
+        step(model, ids, TieredCache(daemon=nobody))  # the default: local pools, said aloud
     # "kvtier" without a TieredCache is transformers' eager attention, causal mask included.
     with torch.no_grad():
         fallback = model(input_ids=ids, cache=DynamicCache(config=model.config),

@@ -171,7 +171,7 @@ absl::Status TieredSequence::EndForwardPass(uint32_t n) {
   // re-tiering step only queues its snapshot (DaemonLane). Local mode plans in place.
   absl::Status s = lane_ != nullptr ? CollectPlan() : absl::OkStatus();
   if (s.ok() && tiering::IsRetierStep(options_.tiering, step_)) {
-    s = lane_ != nullptr ? StartRetier() : Retier();
+    s = lane_ != nullptr && !options_.wait_for_plans ? StartRetier() : Retier();
   }
   Account();
   return s;
@@ -208,17 +208,7 @@ absl::Status TieredSequence::Rejoin() {
   if (ddr == nullptr || compressed == nullptr) return absl::UnavailableError("no pools yet");
   // Pages in the old session's memory come home first (exact copies; T2 pages keep their
   // 8-bit values), so nothing depends on memory the daemon no longer accounts for.
-  const tiering::Placement current = store_->placement();
-  std::vector<tiering::Move> promotions;
-  for (uint32_t g = 0; g < current.num_groups; ++g) {
-    for (uint32_t p = 0; p < current.num_pages; ++p) {
-      const Tier t = current.at(g, p);
-      if (t == Tier::kT1 || t == Tier::kT2) promotions.push_back({g, p, t, Tier::kT0});
-    }
-  }
-  if (!promotions.empty()) {
-    RETURN_IF_ERROR(store_->ApplyPlan(promotions, std::vector<SlotAssignment>(promotions.size())));
-  }
+  RETURN_IF_ERROR(PromoteAll());
   auto ddr_pool = PoolOverMapping(PoolKind::kDdr, *ddr);
   auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, *compressed);
   ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options_.prompt_tokens, wire_policy_,
@@ -231,8 +221,88 @@ absl::Status TieredSequence::Rejoin() {
   sequence_id_ = id;
   generation_ = generation;
   acked_version_ = 0;
+  daemon_length_ = 0;
   exchange_failed_ = false;
   ++rejoins_;
+  return absl::OkStatus();
+}
+
+absl::Status TieredSequence::PromoteAll() {
+  const tiering::Placement current = store_->placement();
+  std::vector<tiering::Move> promotions;
+  for (uint32_t g = 0; g < current.num_groups; ++g) {
+    for (uint32_t p = 0; p < current.num_pages; ++p) {
+      const Tier t = current.at(g, p);
+      if (t == Tier::kT1 || t == Tier::kT2) promotions.push_back({g, p, t, Tier::kT0});
+    }
+  }
+  if (promotions.empty()) return absl::OkStatus();
+  if (local_slots_ != nullptr) return store_->ApplyPlanLocal(promotions, *local_slots_);
+  return store_->ApplyPlan(promotions, std::vector<SlotAssignment>(promotions.size()));
+}
+
+absl::Status TieredSequence::Truncate(uint32_t length) {
+  const uint32_t now = store_->Length(0);
+  if (length > now) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length ", length, " exceeds the sequence's ", now));
+  }
+  if (length == now) return absl::OkStatus();
+  const uint32_t pt = store_->geometry().page_tokens;
+  const tiering::Placement current = store_->placement();
+  // The page that keeps some rows: refused when evicted, promoted when in T2 (appends write
+  // T0, or T1 in place on the host).
+  std::vector<tiering::Move> promote;
+  if (length % pt != 0) {
+    const uint32_t page = length / pt;
+    for (uint32_t g = 0; g < current.num_groups && page < current.num_pages; ++g) {
+      const Tier t = current.at(g, page);
+      if (t == Tier::kT3) return store_->Truncate(length, nullptr);  // FAILED_PRECONDITION
+      if (t == Tier::kT2) promote.push_back({g, page, t, Tier::kT0});
+    }
+  }
+  RETURN_IF_ERROR(PullDeviceScores());  // the device's scores of dropped positions go too
+  const bool reopen = daemon_backed() && length < daemon_length_;
+  if (daemon_backed() && lane_ != nullptr) {
+    lane_->Drain();  // the snapshot out and its plan first: both speak of the old length
+    RETURN_IF_ERROR(CollectPlan());
+  }
+  if (reopen) {
+    RETURN_IF_ERROR(PromoteAll());
+  } else if (!promote.empty()) {
+    // Local pools take the slot back; an orphaned sequence's belongs to the old session.
+    RETURN_IF_ERROR(local_slots_ != nullptr
+                        ? store_->ApplyPlanLocal(promote, *local_slots_)
+                        : store_->ApplyPlan(promote, std::vector<SlotAssignment>(promote.size())));
+  }
+  std::vector<ReleasedSlot> released;
+  RETURN_IF_ERROR(store_->Truncate(length, &released));
+  if (local_slots_ != nullptr) {
+    for (const ReleasedSlot& slot : released) (void)local_slots_->Free(slot.kind, slot.offset);
+  }
+  RETURN_IF_ERROR(scores_.Truncate(length));
+  for (std::vector<float>& mass : layer_mass_) mass.clear();
+  options_.prompt_tokens = std::min<uint64_t>(options_.prompt_tokens, length);
+  report_.prompt_tokens = options_.prompt_tokens;
+  if (reopen) {
+    // kvtierd's lengths only grow: a new daemon sequence for the shorter one (this one's slots
+    // are all back in T0, so closing it frees nothing we still read).
+    (void)client_->CloseSequence(sequence_id_);
+    acked_version_ = 0;
+    daemon_length_ = 0;
+    exchange_failed_ = false;
+    absl::StatusOr<uint64_t> id =
+        client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag);
+    if (id.ok()) {
+      sequence_id_ = *id;
+    } else {
+      // As after a lost session: decode on what we hold (all in T0), re-open at a later
+      // re-tiering (FollowSession sees a generation it never joined).
+      orphaned_ = true;
+      generation_ = 0;
+    }
+  }
+  Account();
   return absl::OkStatus();
 }
 
@@ -288,6 +358,7 @@ absl::StatusOr<v1::SubmitSnapshotRequest> TieredSequence::BuildSnapshot() {
   v1::SubmitSnapshotRequest snapshot;
   snapshot.set_sequence_id(sequence_id_);
   snapshot.set_length(store_->Length(0));
+  daemon_length_ = store_->Length(0);
   snapshot.set_decode_step(step_);
   snapshot.set_num_pages(current.num_pages);
   snapshot.set_last_plan_version(acked_version_);

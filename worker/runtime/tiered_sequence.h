@@ -66,6 +66,11 @@ struct SequenceOptions {
   // protects the whole prompt.
   uint64_t protected_prompt_begin = 0;
   std::string tag;  // shown by kvtierctl sequences
+  // Daemon mode: wait for each plan at its re-tiering step (one round trip there) instead of
+  // applying it at the first step boundary after it arrives. Plans then land at the same steps
+  // as in local mode, so the same inputs give the same placement and, at r > 0, the same
+  // tokens; the default keeps the daemon off the token path.
+  bool wait_for_plans = false;
 };
 
 // Not thread-safe: one decode loop drives it. Created by WorkerRuntime.
@@ -96,6 +101,15 @@ class TieredSequence final : public AttentionCache {
 
   // Re-tiers now, whatever the step (tests, and the end of a prefill done elsewhere).
   absl::Status Retier();
+  // Rolls the sequence back to its first `length` positions (speculative decoding, a crop),
+  // between forward passes; the scores of the positions kept stay. Pages past the end are
+  // dropped whatever their tier and their slots freed; a kept partial page in T2 is promoted
+  // first. In daemon mode a rollback below the length kvtierd last saw brings every offloaded
+  // page back to T0 and re-opens the sequence there (kvtierd's lengths only grow): costly, and
+  // rare for speculative decoding, which rolls back within the last Δ steps.
+  // INVALID_ARGUMENT for a length past the end; FAILED_PRECONDITION (changing nothing) when the
+  // page that keeps some rows was evicted (truncate to a multiple of page_tokens instead).
+  absl::Status Truncate(uint32_t length);
   SequenceReport Report() const;
   const TieredKvStore& store() const { return *store_; }
   const tiering::ScoreAccumulator& scores() const { return scores_; }
@@ -138,6 +152,9 @@ class TieredSequence final : public AttentionCache {
   // moves the store to the new session's pools and opens a new daemon sequence. On failure the
   // sequence stays orphaned (and tries again at a later re-tiering).
   absl::Status Rejoin();
+  // Promotes every T1/T2 page to T0 (exact copies); the slots given up are freed locally, and
+  // in daemon mode left to CloseSequence.
+  absl::Status PromoteAll();
   // Notices that the client's session changed (orphaned) and re-opens under the new one when it
   // can (Rejoin).
   void FollowSession();
@@ -163,6 +180,7 @@ class TieredSequence final : public AttentionCache {
   // Daemon mode.
   WorkerClient* client_ = nullptr;
   uint64_t sequence_id_ = 0;
+  uint64_t daemon_length_ = 0;        // the length of the last snapshot kvtierd was sent
   v1::PolicyConfig wire_policy_;      // what OpenSequence sent, for a re-open
   std::unique_ptr<DaemonLane> lane_;  // the daemon calls of the decode loop, in the background
   uint64_t submitted_generation_ = 0;

@@ -153,6 +153,14 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
     seq->local_slots_ = local_slots_.get();
     return seq;
   }
+  // kvtierd reads 0 as its default (the wire cannot tell 0 from unset): refuse rather than have
+  // the daemon place by another protected set than the one asked for.
+  if (config.sink_tokens == 0 || config.window_tokens == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.sink_tokens == 0 ? "sink_tokens" : "window_tokens",
+                     " 0 cannot reach kvtierd, which reads 0 as its default (",
+                     config.sink_tokens == 0 ? "4" : "128", "): use at least 1, or local pools"));
+  }
   v1::PolicyConfig wire;
   wire.set_name(options.policy);
   wire.set_hbm_ratio(config.budgets.hbm_ratio);

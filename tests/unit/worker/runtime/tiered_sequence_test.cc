@@ -6,6 +6,7 @@
 
 #include "worker/runtime/tiered_sequence.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -283,6 +284,78 @@ TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
   EXPECT_NE(std::string(s.message()).find("sequences[1] is listed twice"), std::string::npos) << s;
   s = TieredSequence::AttendBatch({batched[0], nullptr}, 0, q.data(), out.data());
   EXPECT_NE(std::string(s.message()).find("sequences[1] is null"), std::string::npos) << s;
+}
+
+// Rollbacks to random lengths (into pages in T1, below the prompt, mid-page): hierarchy at r 0
+// stays bit-identical to full rolled back the same way, and pages leave T0 again afterwards.
+TEST(TieredSequenceTest, TruncateKeepsHierarchyBitIdenticalToFull) {
+  std::mt19937 rng(21);
+  for (uint32_t page_tokens : {1u, 4u, 16u}) {
+    auto runtime = LocalRuntime(page_tokens);
+    const uint64_t prompt = 12 + rng() % 20;
+    auto full = runtime->Open(Options("full", 1, 0, 0, prompt));
+    auto tiered = runtime->Open(Options("hierarchy", 0.3, 0, 0, prompt));
+    ASSERT_TRUE(full.ok() && tiered.ok());
+    SyntheticEngine a(Shape(), page_tokens), b(Shape(), page_tokens);
+    std::vector<float> want, got;
+    ASSERT_TRUE(a.Forward(**full, prompt, &want).ok());
+    ASSERT_TRUE(b.Forward(**tiered, prompt, &got).ok());
+    uint64_t offloaded_before_truncate = 0;
+    for (int round = 0; round < 5; ++round) {  // 80 steps, a rollback; 80 steps at the end
+      for (int i = 0; i < 80; ++i) {
+        ASSERT_TRUE(a.Forward(**full, 1, &want).ok());
+        ASSERT_TRUE(b.Forward(**tiered, 1, &got).ok());
+      }
+      if (round == 4) break;
+      const tiering::Placement before = (*tiered)->store().placement();
+      offloaded_before_truncate += std::count(before.tiers.begin(), before.tiers.end(), Tier::kT1);
+      const uint32_t length = (*full)->Length(0);
+      const uint32_t to = 1 + rng() % (length - 1);
+      ASSERT_TRUE((*full)->Truncate(to).ok());
+      absl::Status s = (*tiered)->Truncate(to);
+      ASSERT_TRUE(s.ok()) << s << " (to " << to << " of " << length << ")";
+      ASSERT_EQ((*tiered)->Length(3), to);
+      ASSERT_EQ((*tiered)->scores().length(), to);
+    }
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+        << "page_tokens=" << page_tokens;
+    EXPECT_GT(offloaded_before_truncate, 0u) << "no page was in T1: the test proves less";
+    EXPECT_GT((*tiered)->Report().tokens[static_cast<int>(Tier::kT1)], 0u);
+  }
+}
+
+TEST(TieredSequenceTest, TruncateDropsPagesInEveryTierAndRefusesSplittingAnEvictedOne) {
+  auto runtime = LocalRuntime(4);
+  {
+    auto seq = runtime->Open(Options("hierarchy", 0.3, 0.2, 0.3, 8));
+    ASSERT_TRUE(seq.ok());
+    Decode(**seq, 8, 150, 4);
+    const tiering::Placement placement = (*seq)->store().placement();
+    for (Tier t : {Tier::kT1, Tier::kT2, Tier::kT3}) {
+      ASSERT_GT(std::count(placement.tiers.begin(), placement.tiers.end(), t), 0)
+          << tiering::TierName(t) << ": the test proves less";
+    }
+    // Mid-way into an evicted page: refused, nothing changes.
+    uint32_t evicted = 0;
+    while (placement.at(0, evicted) != Tier::kT3) ++evicted;
+    const uint32_t length = (*seq)->Length(0);
+    absl::Status s = (*seq)->Truncate(evicted * 4 + 2);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(std::string(s.message()).find("evicted"), std::string::npos) << s;
+    EXPECT_EQ((*seq)->Length(0), length);
+    EXPECT_EQ((*seq)->store().placement(), placement);
+    // Mid-way into a T2 page: it is promoted (appends write T0), the rest dropped.
+    uint32_t compressed = 0;
+    while (placement.at(0, compressed) != Tier::kT2) ++compressed;
+    ASSERT_TRUE((*seq)->Truncate(compressed * 4 + 1).ok());
+    EXPECT_EQ((*seq)->store().TierOf(0, compressed), Tier::kT0);
+    EXPECT_EQ((*seq)->store().num_pages(), compressed + 1);
+    EXPECT_GT((*seq)->Truncate((*seq)->Length(0) + 1).code(), absl::StatusCode::kOk);
+    Decode(**seq, 1, 100, 5);  // decodes, scores and re-tiers on
+    EXPECT_EQ((*seq)->Length(0), compressed * 4 + 1 + 1 + 100);
+  }
+  EXPECT_EQ(runtime->arena().used_bytes(), 0u);  // every T0 block of dropped pages came back
 }
 
 TEST(TieredSequenceTest, HostRuntimeRefusesBf16KvNamingTheField) {
