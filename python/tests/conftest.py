@@ -82,18 +82,29 @@ def _accepts(path: str) -> bool:
 class Daemon:
     """A real kvtierd in its own temporary directory (socket, memory channel, log)."""
 
-    def __init__(self, ddr_mib: int = 64, compressed_mib: int = 32):
+    def __init__(self, ddr_mib: int = 64, compressed_mib: int = 32, extra_config: str = ""):
         self.dir = Path(tempfile.mkdtemp(prefix="kvtierd-py-"))
         self.socket = self.dir / "kvtierd.sock"
         self.log = self.dir / "kvtierd.log"
         config = self.dir / "kvtierd.toml"
         config.write_text(
             f'[server]\nmetrics = ""\n[pools]\nddr_mib = {ddr_mib}\n'
-            f"compressed_mib = {compressed_mib}\n"
+            f"compressed_mib = {compressed_mib}\n" + extra_config
         )
-        with open(self.log, "wb") as log:
+        self.config = config
+        self.start()
+
+    def start(self) -> None:
+        """Starts kvtierd (again, after stop(keep=True): a restart on the same socket)."""
+        with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(program("kvtierd")), "--config", str(config), "--socket", str(self.socket)],
+                [
+                    str(program("kvtierd")),
+                    "--config",
+                    str(self.config),
+                    "--socket",
+                    str(self.socket),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -107,7 +118,7 @@ class Daemon:
     def address(self) -> str:
         return f"unix:{self.socket}"
 
-    def stop(self) -> None:
+    def stop(self, keep: bool = False) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -115,7 +126,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
