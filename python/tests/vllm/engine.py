@@ -111,7 +111,7 @@ class Engine:
         out = self.m.prepare_store(keys, req)
         stored = list(out.keys_to_store) if out is not None else []
         if out is not None:
-            for k, row in zip(out.keys_to_store, out.store_spec):
+            for k, row in zip(out.keys_to_store, out.store_spec.chunk_ids):
                 self.rows[int(row)] = content(k, self.block_bytes)  # the GPU's copy to the CPU
         self.m.complete_store(stored, req)
         self.m.on_request_finished(req)
@@ -140,8 +140,7 @@ class Engine:
         identical = 0
         if hits:
             spec = self.m.prepare_load(hits, req)
-            rows = np.asarray(getattr(spec, "block_ids", spec))  # the GPU's copy from the CPU
-            for k, row in zip(hits, rows.reshape(-1)):
+            for k, row in zip(hits, spec.chunk_ids):  # the GPU's copy from the CPU
                 identical += bool(np.array_equal(self.rows[int(row)], content(k, self.block_bytes)))
             self.m.complete_load(hits, req)
         self.m.on_request_finished(req)
