@@ -19,12 +19,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("KVTIER_BUILD_DIR", REPO / "build"))
-sys.path[:0] = [str(BUILD / "python"), str(REPO / "python"), str(REPO / "python" / "tests"),
-                str(REPO / "python" / "tests" / "vllm")]
+sys.path[:0] = [str(BUILD / "python"), str(REPO / "python"), str(REPO / "python" / "tests" / "vllm")]
 os.environ.setdefault("KVTIER_BUILD_DIR", str(BUILD))
 
 import numpy as np  # noqa: E402
-from conftest import Daemon  # noqa: E402  (a real kvtierd)
+from conftest import Daemon  # noqa: E402  (python/tests/vllm/conftest.py: a real kvtierd)
 from engine import Engine, key  # noqa: E402  (vLLM's manager with kvtier.vllm)
 
 

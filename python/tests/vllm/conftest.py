@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import Daemon  # noqa: E402  (python/tests/conftest.py: a real kvtierd)
+import importlib.util  # noqa: E402
+
+# python/tests/conftest.py (a real kvtierd), under a name of its own: this file is "conftest" too.
+_spec = importlib.util.spec_from_file_location(
+    "kvtier_tests_conftest", Path(__file__).resolve().parents[1] / "conftest.py"
+)
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+Daemon = _base.Daemon
 
 ENGINE = Path(__file__).resolve().parent / "engine.py"
 
