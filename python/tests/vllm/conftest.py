@@ -30,8 +30,9 @@ class EngineProcess:
     """engine.py in its own process: one vLLM engine's offloading manager."""
 
     def __init__(self, address: str, engine_id: str, block_bytes: int = 16384, tier=None):
+        self.engine_id = f"{engine_id}-{os.getpid()}"
         self.proc = subprocess.Popen(
-            [sys.executable, str(ENGINE), address, engine_id, str(block_bytes),
+            [sys.executable, str(ENGINE), address, self.engine_id, str(block_bytes),
              json.dumps(tier or {})],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -94,5 +95,8 @@ def engines():
         return e
 
     yield make
+    from engine import region_path  # noqa: PLC0415
+
     for e in made:
         e.close()
+        Path(region_path(e.engine_id)).unlink(missing_ok=True)

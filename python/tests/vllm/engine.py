@@ -40,6 +40,11 @@ from vllm.v1.kv_offload.config import (
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 
+def region_path(engine_id: str) -> str:
+    """Where vLLM's CPU tier keeps its region (SharedOffloadRegion), which it leaves behind."""
+    return f"/dev/shm/vllm_offload_{engine_id}.mmap"
+
+
 def key(seed: int, i: int) -> bytes:
     return make_offload_key(hashlib.sha256(f"{seed}:{i}".encode()).digest(), 0)
 
