@@ -147,6 +147,11 @@ DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics
       id_base_(((epoch & 0x7FFFFFFFull) << 24) | 1),
       daemon_uid_(getuid()),
       daemon_gid_(getgid()),
+      blocks_(options.blocks, options.shm_prefix.substr(1), epoch,
+              [this](const edge::PeerCredentials& peer) {
+                PiMutexLock lock(&mu_);
+                return AllowedLocked(options_.security, peer);
+              }),
       options_(options),
       next_worker_id_(id_base_),
       next_sequence_id_(id_base_) {
@@ -736,6 +741,7 @@ absl::StatusOr<v1::ChannelReply> DaemonCoreImpl::FetchLocked(const edge::PeerCre
 }
 
 int DaemonCoreImpl::ReapExpired() {
+  blocks_.ReapExited();
   PiMutexLock lock(&mu_);
   std::vector<uint64_t> expired;
   {

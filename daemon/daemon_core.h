@@ -16,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/clock/clock.h"
+#include "daemon/block_index.h"
+#include "daemon/block_options.h"
 #include "daemon/extent.h"
 #include "edge/cuda_driver.h"
 #include "edge/memory_channel.h"
@@ -80,6 +82,7 @@ struct CoreOptions {
   uint64_t worker_ddr_quota_bytes = 0;  // 0 = no per-worker quota
   uint64_t worker_compressed_quota_bytes = 0;
   SecurityOptions security;
+  BlockOptions blocks;          // [blocks]: the block store engines share (daemon/block_index.h)
   std::string listen_address;   // shown in status
   std::string metrics_address;  // shown in status
   uint64_t daemon_epoch = 0;    // 0 = random per start (tests may fix it)
@@ -181,6 +184,9 @@ class DaemonCore {
   // one line each.
   absl::Status Reload(const CoreOptions& options) { return Reload(options, nullptr); }
   virtual absl::Status Reload(const CoreOptions& options, std::vector<std::string>* revoked) = 0;
+
+  // The block store (memory channel block requests); its peers pass [security] as Hello's do.
+  virtual BlockIndex* blocks() = 0;
 };
 
 }  // namespace kvtier::daemon

@@ -243,6 +243,7 @@ class DaemonCoreImpl final : public DaemonCore {
   void PrepareSpareExtents() override;
   using DaemonCore::Reload;
   absl::Status Reload(const CoreOptions& options, std::vector<std::string>* revoked) override;
+  BlockIndex* blocks() override { return &blocks_; }
 
   // Cross-checks all bookkeeping (tests and the fuzzer): allocator invariants, per-worker and
   // per-pool byte accounting, slots present exactly for pages in T1/T2, figure totals.
@@ -438,6 +439,7 @@ class DaemonCoreImpl final : public DaemonCore {
   const gid_t daemon_gid_;
   // Budgets are declared before the registry, which holds extents charged to them.
   std::array<std::unique_ptr<PoolBudget>, 2> pools_;
+  BlockIndex blocks_;  // its own lock; asks [security] through mu_
 
   // Priority inheritance: the heartbeat lane's real-time thread takes it (pi_mutex.h).
   mutable PiMutex mu_;

@@ -237,6 +237,9 @@ std::map<std::string, Setter> Schema(DaemonConfig* c) {
   s["security.allow_uids"] = Ids(&c->core.security.allow_uids);
   s["security.allow_gids"] = Ids(&c->core.security.allow_gids);
   s["security.operator_uids"] = Ids(&c->core.security.operator_uids);
+  s["blocks.mib"] = Mebibytes(&c->core.blocks.budget_bytes, 0);
+  s["blocks.space_mib"] = Mebibytes(&c->core.blocks.space_bytes, 1);
+  s["blocks.shared_uids"] = Ids(&c->core.blocks.shared_uids);
   s["limits.worker_ddr_quota_mib"] = Mebibytes(&c->core.worker_ddr_quota_bytes, 0);
   s["limits.worker_compressed_quota_mib"] = Mebibytes(&c->core.worker_compressed_quota_bytes, 0);
   s["policy.name"] = String(&c->policy.name);
@@ -290,7 +293,7 @@ absl::StatusOr<DaemonConfig> ParseConfig(std::string_view text, std::string_view
     if (table == nullptr) {
       return Bad(Where(source, section, section_name),
                  "is not a known section (expected [server], [pools], [leases], [limits], "
-                 "[security], [schedules], [links] or [policy])");
+                 "[security], [blocks], [schedules], [links] or [policy])");
     }
     if (section_name == "links") {
       RETURN_IF_ERROR(ParseLinks(source, *table, &config.core.links));

@@ -219,7 +219,7 @@ void ChannelServer::Answer(Pending& c, const v1::ChannelRequest& request) {
   // Hellos and fetches name the process (a pidfd): tickets are budgeted per process, and pool
   // memory stays charged until the process that received it exits. Without a pidfd the core
   // refuses CUDA VMM extents (and budgets tickets by uid).
-  if (request.has_hello() || request.has_fetch_extents()) {
+  if (request.has_hello() || request.has_fetch_extents() || BlockIndex::Handles(request)) {
     auto process = edge::PeerProcess::OfSocket(c.fd.get(), c.peer.pid);
     if (process.ok()) c.peer.process = *std::move(process);
   }
@@ -238,8 +238,13 @@ void ChannelServer::Answer(Pending& c, const v1::ChannelRequest& request) {
       snapshots_.Adopt(std::move(c.fd), c.peer, request);
       return;
     default:
+      if (BlockIndex::Handles(request)) {
+        reply = core_->blocks()->Handle(c.peer, request, &fds);
+        break;
+      }
       reply = absl::InvalidArgumentError(
-          "channel request names no operation (hello, fetch_extents, heartbeat or snapshot)");
+          "channel request names no operation (hello, fetch_extents, heartbeat, snapshot or "
+          "block_*)");
   }
   if (!reply.ok()) {
     log_debug_(absl::StrCat("memory channel: uid ", c.peer.uid, " pid ", c.peer.pid, ": ",

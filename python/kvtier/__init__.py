@@ -12,6 +12,7 @@ from pkgutil import extend_path
 __path__ = extend_path(__path__, __name__)
 
 from kvtier._native import (  # noqa: E402
+    BlockStore,
     Client,
     Error,
     FailedPreconditionError,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 T0, T1, T2, T3 = 0, 1, 2, 3
 
 __all__ = [
+    "BlockStore",
     "DEFAULT_SOCKET",
     "SOCKET_ENV",
     "daemon_from_env",

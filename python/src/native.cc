@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "kvtier/client.h"
+#include "python/src/block_binding.h"
 #include "python/src/proto_dict.h"
 #include "worker/runtime/report_json.h"
 #include "worker/runtime/worker_runtime.h"
@@ -387,6 +388,7 @@ using namespace kvtier::python;  // NOLINT: the module's definitions below
 NB_MODULE(_native, m) {
   m.doc() = "kvtier's C++ libraries: the worker runtime (tiered sequences) and kvtierd's client";
   MakeErrors(m);
+  BindBlocks(m, [](const absl::Status& status) { ThrowIfError(status); });
 
   nb::class_<Runtime>(m, "Runtime",
                       "The memory every sequence of this process shares: a T0 arena and the "

@@ -82,14 +82,14 @@ def _accepts(path: str) -> bool:
 class Daemon:
     """A real kvtierd in its own temporary directory (socket, memory channel, log)."""
 
-    def __init__(self, ddr_mib: int = 64, compressed_mib: int = 32):
+    def __init__(self, ddr_mib: int = 64, compressed_mib: int = 32, extra_config: str = ""):
         self.dir = Path(tempfile.mkdtemp(prefix="kvtierd-py-"))
         self.socket = self.dir / "kvtierd.sock"
         self.log = self.dir / "kvtierd.log"
         self.config = self.dir / "kvtierd.toml"
         self.config.write_text(
             f'[server]\nmetrics = ""\n[pools]\nddr_mib = {ddr_mib}\n'
-            f"compressed_mib = {compressed_mib}\n"
+            f"compressed_mib = {compressed_mib}\n" + extra_config
         )
         self.start()
 
@@ -117,7 +117,7 @@ class Daemon:
     def address(self) -> str:
         return f"unix:{self.socket}"
 
-    def stop(self) -> None:
+    def stop(self, keep: bool = False) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -125,7 +125,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
