@@ -321,9 +321,9 @@ std::unique_ptr<grpc::Server> BuildGrpcServer(const DaemonConfig& config, KvTier
 
 // Prometheus' endpoint on server.metrics. The port is tried first, so that one in use (another
 // kvtierd given the same port, or another program) is an error naming it and what to change.
-absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string& address,
-                                                            const std::string& origin,
-                                                            std::shared_ptr<prometheus::Registry> registry) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(
+    const std::string& address, const std::string& origin,
+    std::shared_ptr<prometheus::Registry> registry) {
   const std::string fix = absl::StrCat(
       "; set server.metrics (or --metrics) to a free loopback port, or \"\" for no metrics (",
       origin, ")");
@@ -338,7 +338,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(const std::string& a
                             : "",
                      fix));
   }
-  absl::StatusOr<std::unique_ptr<MetricsServer>> served = MetricsServer::Start(address, std::move(registry));
+  absl::StatusOr<std::unique_ptr<MetricsServer>> served =
+      MetricsServer::Start(address, std::move(registry));
   if (!served.ok()) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", served.status().message(), fix));
@@ -374,8 +375,8 @@ int Serve(const Flags& flags, DaemonConfig config, const Origins& origins) {
     }
     exposer = *std::move(served);
     log.Info(absl::StrCat("metrics on http://", config.server.metrics_address,
-                          "/metrics, status page on http://", config.server.metrics_address,
-                          "/ (", origins.metrics, ")"));
+                          "/metrics, status page on http://", config.server.metrics_address, "/ (",
+                          origins.metrics, ")"));
   }
   absl::StatusOr<std::string> pool_memory = ResolvePoolBackend(
       &config.core, [&config] { return edge::cuda::Driver::Load(config.core.cuda_library); });
