@@ -1,8 +1,10 @@
 #ifndef KVTIER_TESTS_UNIT_ENGINE_TINY_MODEL_H_
 #define KVTIER_TESTS_UNIT_ENGINE_TINY_MODEL_H_
 
-// A tiny synthetic Llama GGUF (mixed weight types, a byte-level vocabulary) written by tests
-// that need a real Model without the download.
+// A tiny synthetic Llama GGUF (mixed weight types, a byte-level vocabulary with the chat
+// template's special tokens) written by tests that need a real Model without the download: the
+// CPU engine's tests and the GPU engine test (tests/gpu/engine), which must run on a device
+// without the 94 MiB model.
 
 #include <cstring>
 #include <fstream>
@@ -108,9 +110,10 @@ inline std::string ByteToken(int b) {
 }
 
 inline void WriteModel(const std::string& path, const std::map<std::string, Tensor>& weights,
-                       const std::string& arch = "llama", const std::string& pre = "smollm") {
+                       const std::string& arch = "llama", const std::string& pre = "smollm",
+                       uint32_t context = kContext, bool control_tokens = false) {
   GgufWriter w;
-  const int kKvs = 14;
+  const int kKvs = 14 + control_tokens;
   w.Header(weights.size(), kKvs);
   w.KvStr("tokenizer.ggml.pre", pre);
   w.KvStr("general.architecture", arch);
@@ -119,7 +122,7 @@ inline void WriteModel(const std::string& path, const std::map<std::string, Tens
   w.KvU32("llama.attention.head_count", kHeads);
   w.KvU32("llama.attention.head_count_kv", kKvHeads);
   w.KvU32("llama.feed_forward_length", kFfn);
-  w.KvU32("llama.context_length", kContext);
+  w.KvU32("llama.context_length", context);
   w.Str("llama.rope.freq_base");
   w.Put<uint32_t>(6);
   w.Put<float>(kRopeBase);
@@ -136,6 +139,13 @@ inline void WriteModel(const std::string& path, const std::map<std::string, Tens
   w.Str("<|im_end|>");
   w.Str("ab");
   w.Str("<|im_start|>");
+  if (control_tokens) {  // <|im_end|> and <|im_start|> are control tokens (type 3), as in SmolLM2
+    w.Str("tokenizer.ggml.token_type");
+    w.Put<uint32_t>(9);
+    w.Put<uint32_t>(5);
+    w.Put<uint64_t>(kVocab);
+    for (uint32_t id = 0; id < kVocab; ++id) w.Put<int32_t>(id == 256 || id == 258 ? 3 : 1);
+  }
   w.Str("tokenizer.ggml.merges");
   w.Put<uint32_t>(9);
   w.Put<uint32_t>(8);
@@ -153,6 +163,13 @@ inline void WriteModel(const std::string& path, const std::map<std::string, Tens
   }
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(w.bytes().data()), w.bytes().size());
+}
+
+// The tiny model of `seed` at `path` with a context of `context` tokens (room for chat prompts
+// and a hundred decode steps) and the chat template's control tokens: what a test loads in place
+// of the real model.
+inline void WriteTinyChatModel(const std::string& path, uint32_t seed, uint32_t context = 512) {
+  WriteModel(path, MakeWeights(seed), "llama", "smollm", context, true);
 }
 
 }  // namespace kvtier::engine::tiny
