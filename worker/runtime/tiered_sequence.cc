@@ -216,8 +216,8 @@ absl::Status TieredSequence::Rejoin() {
   if (!promotions.empty()) {
     RETURN_IF_ERROR(store_->ApplyPlan(promotions, std::vector<SlotAssignment>(promotions.size())));
   }
-  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, *ddr);
-  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, *compressed);
+  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, ddr);
+  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, compressed);
   ASSIGN_OR_RETURN(uint64_t id,
                    client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag));
   RETURN_IF_ERROR(store_->RebindPools(ddr_pool.get(), compressed_pool.get()));
