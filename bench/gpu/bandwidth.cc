@@ -1,6 +1,5 @@
 #include "bench/gpu/bandwidth.h"
 
-#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/copy_engine.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/pinned_mapping.h"
 #include "worker/cuda/shm_region.h"

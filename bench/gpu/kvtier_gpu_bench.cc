@@ -12,8 +12,6 @@
 // after each); a failing section is reported with its error and the run goes on; the exit
 // status is 1 when any section failed.
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +26,7 @@
 #include "bench/gpu/bandwidth.h"
 #include "bench/gpu/decode_bench.h"
 #include "bench/gpu/section_report.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/gpu_decoder.h"
 #include "worker/cuda/synthetic_model.h"
 

@@ -9,9 +9,6 @@
 // per layer per sequence, n > 1 in a prefill. A forward call enqueues everything on the model's
 // stream and synchronizes once at its end, when the logits come back to the host.
 
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -21,6 +18,8 @@
 #include "engine/cuda/host_weights.h"
 #include "engine/forward_pass.h"
 #include "engine/model.h"
+#include "worker/cuda/cublas_api.h"
+#include "worker/cuda/cuda_api.h"
 
 namespace kvtier::engine::cuda {
 

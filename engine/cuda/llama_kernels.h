@@ -7,9 +7,9 @@
 // enqueue on `stream`, never synchronize, and return the launch error. Each kernel computes the
 // same value for a row whatever the other rows are (batched rows equal single ones).
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
+
+#include "worker/cuda/cuda_api.h"
 
 namespace kvtier::engine::cuda {
 

@@ -4,13 +4,12 @@
 // Issues a list of byte runs as asynchronous DMA on one stream: one cudaMemcpyBatchAsync call
 // where the runtime has it (CUDA >= 12.8), else one cudaMemcpyAsync per run.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/staging_plan.h"
 
 namespace kvtier::worker::cuda {

@@ -3,10 +3,9 @@
 
 // cuBLAS errors to absl::Status, at the edge (style rule 3).
 
-#include <cublas_v2.h>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cublas_api.h"
 
 namespace kvtier::worker::cuda {
 

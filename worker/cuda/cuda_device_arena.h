@@ -6,14 +6,13 @@
 // of unspecified contents (device memory, so host_accessible() is false); no call touches a
 // stream or synchronizes.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/range_allocator.h"
 #include "worker/device_arena.h"
 

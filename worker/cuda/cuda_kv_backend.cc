@@ -1,7 +1,5 @@
 #include "worker/cuda/cuda_kv_backend.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -13,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
 #include "core/tiering/scores.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_device_arena.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/layer_stager.h"

@@ -3,12 +3,11 @@
 
 // CUDA runtime errors to absl::Status, at the edge (style rule 3).
 
-#include <cuda_runtime_api.h>
-
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_api.h"
 
 namespace kvtier::worker::cuda {
 

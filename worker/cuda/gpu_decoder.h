@@ -21,14 +21,13 @@
 // f32 if asked. Attention is one launch per layer for the whole batch
 // (TieredSequence::AttendBatch); appends are two row writes per sequence.
 
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/cuda/cublas_api.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/decoder_config.h"
 #include "worker/cuda/synthetic_model.h"
 #include "worker/runtime/tiered_sequence.h"

@@ -14,8 +14,6 @@
 // OffloadCompressed quantizes blocks on the device (same format as the CPU codecs) and copies the
 // codes into T2 slots. Both start after the work queued so far on the producing stream.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -24,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/cuda/copy_engine.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/pinned_mapping.h"
 #include "worker/cuda/scratch_ring.h"
 #include "worker/cuda/staging_plan.h"

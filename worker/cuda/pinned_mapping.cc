@@ -1,8 +1,7 @@
 #include "worker/cuda/pinned_mapping.h"
 
-#include <cuda_runtime_api.h>
-
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/pinning_plan.h"
 

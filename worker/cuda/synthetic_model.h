@@ -6,13 +6,12 @@
 // measured at realistic sizes. Weights are bf16, drawn on the device from a counter hash (no
 // host traffic); norms are 1. Not a language model: its tokens mean nothing, its cost is real.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/cuda/cuda_api.h"
 
 namespace kvtier::worker::cuda {
 

@@ -3,13 +3,12 @@
 
 // Helpers of the GPU tests: skipping without a device, and a typed device buffer.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/cuda/cuda_api.h"
 
 namespace kvtier::testing {
 

@@ -1,14 +1,13 @@
 // The store suite over the CUDA backend (T0 in HBM, pools pinned, attention and scores on the
 // device): the same tests the host backend passes. Skipped without a device.
 
-#include <cuda_runtime_api.h>
-
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "tests/gpu/cuda/gpu_test_util.h"
 #include "tests/unit/worker/store_backend_suite.h"
+#include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_kv_backend.h"
 #include "worker/kernels/cuda/dtype.h"
 #include "worker/runtime/worker_runtime.h"

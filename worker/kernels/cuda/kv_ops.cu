@@ -4,6 +4,7 @@
 
 #include "worker/kernels/cuda/codec_math.h"
 #include "worker/kernels/cuda/device_utils.cuh"
+#include "worker/kernels/cuda/kernel_checks.h"
 #include "worker/kernels/cuda/kv_ops.h"
 
 namespace kvtier::worker::kernels::cuda {
@@ -157,29 +158,13 @@ __global__ void __launch_bounds__(kThreads) CopyPagesKernel(PageCopyParams p) {
   for (; i < n; i += kThreads) dst[i] = src[i];
 }
 
-constexpr uint32_t kMaxBlocks = 1u << 31;
-
 }  // namespace
 
-uint64_t EncodedBytes(CodecKind codec, Role role, uint32_t rows, uint32_t cols) {
-  const uint64_t codes = uint64_t{rows} * cols;
-  switch (codec) {
-    case CodecKind::kFp8E4m3:
-      return uint64_t{rows} * 4 + codes;
-    case CodecKind::kMinMax:
-      return 8 + codes;
-    case CodecKind::kInt8Kivi:
-    default:
-      return (role == Role::kKey ? cols : rows) * uint64_t{8} + codes;
-  }
-}
-
 cudaError_t QuantizePages(const QuantizeParams& p, cudaStream_t stream) {
-  if (p.src == nullptr || p.dst == nullptr || p.rows == 0 || p.cols == 0) {
-    return cudaErrorInvalidValue;
+  const LaunchCheck check = CheckQuantize(p);
+  if (check != LaunchCheck::kLaunch) {
+    return check == LaunchCheck::kNothing ? cudaSuccess : cudaErrorInvalidValue;
   }
-  if (p.num_tensors == 0) return cudaSuccess;
-  if (p.num_tensors >= kMaxBlocks || static_cast<int>(p.codec) > 2) return cudaErrorInvalidValue;
   if (p.src_dtype == KvDtype::kBf16) {
     QuantizeKernel<__nv_bfloat16><<<p.num_tensors, kThreads, 0, stream>>>(p);
   } else {
@@ -189,11 +174,10 @@ cudaError_t QuantizePages(const QuantizeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t DequantizePages(const DequantizeParams& p, cudaStream_t stream) {
-  if (p.src == nullptr || p.dst == nullptr || p.rows == 0 || p.cols == 0) {
-    return cudaErrorInvalidValue;
+  const LaunchCheck check = CheckDequantize(p);
+  if (check != LaunchCheck::kLaunch) {
+    return check == LaunchCheck::kNothing ? cudaSuccess : cudaErrorInvalidValue;
   }
-  if (p.num_tensors == 0) return cudaSuccess;
-  if (p.num_tensors >= kMaxBlocks || static_cast<int>(p.codec) > 2) return cudaErrorInvalidValue;
   if (p.dst_dtype == KvDtype::kBf16) {
     DequantizeKernel<__nv_bfloat16><<<p.num_tensors, kThreads, 0, stream>>>(p);
   } else {
@@ -203,9 +187,10 @@ cudaError_t DequantizePages(const DequantizeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t CopyPages(const PageCopyParams& p, cudaStream_t stream) {
-  if (p.src == nullptr || p.dst == nullptr || p.block_bytes % 16 != 0) return cudaErrorInvalidValue;
-  if (p.num_blocks == 0 || p.block_bytes == 0) return cudaSuccess;
-  if (p.num_blocks >= kMaxBlocks) return cudaErrorInvalidValue;
+  const LaunchCheck check = CheckCopyPages(p);
+  if (check != LaunchCheck::kLaunch) {
+    return check == LaunchCheck::kNothing ? cudaSuccess : cudaErrorInvalidValue;
+  }
   CopyPagesKernel<<<p.num_blocks, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -15,10 +15,9 @@
 // A bf16 source is widened to f32 exactly first, so the codes equal the CPU codec's on the same
 // values. Dequantized output is f32 (the CPU codec's values exactly) or bf16 (those, rounded).
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 
+#include "worker/cuda/cuda_api.h"
 #include "worker/kernels/cuda/dtype.h"
 
 namespace kvtier::worker::kernels::cuda {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/device_utils.cuh"
+#include "worker/kernels/cuda/kernel_checks.h"
 #include "worker/kernels/cuda/model_ops.h"
 
 namespace kvtier::worker::kernels::cuda {
@@ -228,14 +229,7 @@ cudaError_t RmsNorm(const float* x, const uint16_t* weight, uint32_t rows, uint3
 }
 
 cudaError_t RopeAppend(const RopeAppendParams& p, cudaStream_t stream) {
-  const bool rows = p.k_out != nullptr;
-  const bool table = p.pages != nullptr && p.page_indptr != nullptr && p.page_tokens != 0;
-  if (p.qkv == nullptr || p.positions == nullptr || p.q_out == nullptr ||
-      (p.k_out == nullptr) != (p.v_out == nullptr) || !(rows || table) || p.batch == 0 ||
-      p.batch > 65535 || p.num_kv_heads == 0 || p.head_dim == 0 || p.head_dim % 2 != 0 ||
-      p.head_dim > 2048 || !(p.rope_base > 0.f)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!ValidRopeAppend(p)) return cudaErrorInvalidValue;
   const dim3 grid(p.num_q_heads + 2 * p.num_kv_heads, p.batch);
   RopeAppendKernel<<<grid, p.head_dim / 2, 0, stream>>>(p);
   return cudaGetLastError();

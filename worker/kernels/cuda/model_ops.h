@@ -7,9 +7,9 @@
 // operands; launchers take a stream, validate and return a cudaError_t. bf16 values are stored as
 // uint16_t bits in these signatures so host code needs no CUDA type.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
+
+#include "worker/cuda/cuda_api.h"
 
 namespace kvtier::worker::kernels::cuda {
 

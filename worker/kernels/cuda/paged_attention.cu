@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/device_utils.cuh"
+#include "worker/kernels/cuda/kernel_checks.h"
 #include "worker/kernels/cuda/paged_attention.h"
 
 namespace kvtier::worker::kernels::cuda {
@@ -234,42 +235,17 @@ cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-bool Valid(const PagedDecodeParams& p) {
-  if (p.q == nullptr || p.out == nullptr || p.pages == nullptr || p.page_indptr == nullptr ||
-      p.lengths == nullptr || p.workspace == nullptr) {
-    return false;
-  }
-  if (p.batch == 0 || p.max_length == 0 || p.num_kv_heads == 0 || p.page_tokens == 0) return false;
-  if (p.num_q_heads % p.num_kv_heads != 0) return false;
-  const uint32_t group = p.num_q_heads / p.num_kv_heads;
-  if (group == 0 || group > kMaxGqaGroup) return false;
-  if (p.head_dim != 64 && p.head_dim != 128) return false;
-  if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return false;
-  if (p.position_mass != nullptr && p.mass_stride < p.max_length) return false;
-  return p.batch <= 65535;
-}
-
 }  // namespace
 
-uint64_t PagedDecodeWorkspaceBytes(uint32_t batch, uint32_t max_length, uint32_t num_q_heads,
-                                   uint32_t head_dim) {
-  const uint64_t rows = uint64_t{batch} * num_q_heads;
-  const uint64_t chunks = NumChunks(max_length);
-  return 4 * (rows * max_length + rows * chunks * (2 + uint64_t{head_dim}) + 2 * rows);
-}
-
 cudaError_t AccumulateScores(const ScoreAccumulateParams& p, cudaStream_t stream) {
-  if (p.mass == nullptr || p.scores == nullptr || p.rows == 0 || p.first_length == 0 ||
-      p.mass_stride < p.first_length + p.rows - 1 || !std::isfinite(p.weight)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!ValidScoreAccumulate(p)) return cudaErrorInvalidValue;
   const uint32_t n = p.first_length + p.rows - 1;
   AccumulateScoresKernel<<<(n + kMassThreads - 1) / kMassThreads, kMassThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream) {
-  if (!Valid(p)) return cudaErrorInvalidValue;
+  if (!ValidPagedDecode(p)) return cudaErrorInvalidValue;
   const bool bf16 = p.kv_dtype == KvDtype::kBf16;
   if (p.head_dim == 64) {
     return bf16 ? Launch<64, __nv_bfloat16>(p, stream) : Launch<64, float>(p, stream);

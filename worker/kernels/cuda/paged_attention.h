@@ -12,10 +12,9 @@
 // chunk is reduced in position order, and chunks are merged in chunk order. That is what makes
 // `full` and `hierarchy` bit-identical on the GPU whatever the T0/T1 split.
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 
+#include "worker/cuda/cuda_api.h"
 #include "worker/kernels/cuda/dtype.h"
 
 namespace kvtier::worker::kernels::cuda {

@@ -1,5 +1,8 @@
 // The runtime end to end in local mode: sequences score, re-tier and keep the zero-error
-// property through hundreds of decode steps.
+// property through hundreds of decode steps. One suite, two backends: built as is over the host
+// backend, and with KVTIER_TEST_CUDA_BACKEND over the CUDA store (tiered_sequence_cuda_sim_test
+// on the simulated device, tiered_sequence_cuda_gpu_test on a real one), where the synthetic
+// engine's tensors reach the sequence as device memory (DeviceCache).
 
 #include "worker/runtime/tiered_sequence.h"
 
@@ -10,6 +13,9 @@
 #include "gtest/gtest.h"
 #include "tests/support/synthetic_engine.h"
 #include "worker/runtime/worker_runtime.h"
+#ifdef KVTIER_TEST_CUDA_BACKEND
+#include "tests/support/device_cache.h"
+#endif
 
 namespace kvtier::worker {
 namespace {
@@ -17,18 +23,29 @@ namespace {
 using testing::SyntheticEngine;
 using tiering::Tier;
 
+#ifdef KVTIER_TEST_CUDA_BACKEND
+constexpr StoreBackend kBackend = StoreBackend::kCuda;
+constexpr uint32_t kHeadDim = 64;  // the CUDA kernels serve 64 and 128
+#define KVTIER_HOST_ONLY(why) GTEST_SKIP() << "host backend only: " << why
+#else
+constexpr StoreBackend kBackend = StoreBackend::kHost;
+constexpr uint32_t kHeadDim = 32;
+#define KVTIER_HOST_ONLY(why) (void)0
+#endif
+
 AttentionShape Shape() {
-  return {.num_layers = 4, .num_q_heads = 6, .num_kv_heads = 2, .head_dim = 32, .scale = 0};
+  return {.num_layers = 4, .num_q_heads = 6, .num_kv_heads = 2, .head_dim = kHeadDim, .scale = 0};
 }
 
 std::unique_ptr<WorkerRuntime> LocalRuntime(uint32_t page_tokens) {
   auto r = WorkerRuntime::Create({.attention = Shape(),
                                   .page_tokens = page_tokens,
                                   .arena_bytes = 256 << 20,
+                                  .backend = kBackend,
                                   .local_ddr_bytes = 64 << 20,
                                   .local_compressed_bytes = 32 << 20});
   EXPECT_TRUE(r.ok()) << r.status();
-  return *std::move(r);
+  return r.ok() ? *std::move(r) : nullptr;
 }
 
 SequenceOptions Options(const std::string& policy, double beta, double r, double gamma,
@@ -45,10 +62,15 @@ SequenceOptions Options(const std::string& policy, double beta, double r, double
 // Runs prefill + `steps` decode passes on `seq`, returning every attention output.
 std::vector<float> Decode(TieredSequence& seq, uint64_t prompt, int steps, uint64_t seed) {
   SyntheticEngine engine(Shape(), seed);
+#ifdef KVTIER_TEST_CUDA_BACKEND
+  testing::DeviceCache cache(seq, Shape());
+#else
+  AttentionCache& cache = seq;
+#endif
   std::vector<float> out;
-  EXPECT_TRUE(engine.Forward(seq, prompt, &out).ok());
+  EXPECT_TRUE(engine.Forward(cache, prompt, &out).ok());
   for (int i = 0; i < steps; ++i) {
-    absl::Status s = engine.Forward(seq, 1, &out);
+    absl::Status s = engine.Forward(cache, 1, &out);
     EXPECT_TRUE(s.ok()) << s;
     if (!s.ok()) break;
   }
@@ -135,6 +157,7 @@ TEST(TieredSequenceTest, RejectsWorkerOnlyPoliciesAndBadBudgets) {
 // Sequences decoded in one AttendBatch per layer score, re-tier and attend exactly as the same
 // sequences decoded one Attend at a time (here with eviction, so placements diverge from full).
 TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
+  KVTIER_HOST_ONLY("host tensors (the CUDA store suite batches device tensors)");
   auto runtime = LocalRuntime(4);
   const AttentionShape a = Shape();
   const size_t kv_row = size_t{a.num_kv_heads} * a.head_dim,
@@ -206,6 +229,7 @@ TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
 }
 
 TEST(TieredSequenceTest, HostRuntimeRefusesBf16KvNamingTheField) {
+  KVTIER_HOST_ONLY("bf16 is a CUDA backend format");
   auto r = WorkerRuntime::Create({.attention = Shape(), .kv_element_bytes = 2});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(r.status().message())
