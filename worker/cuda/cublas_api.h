@@ -7,7 +7,7 @@
 #ifdef KVTIER_CUDA_SIM
 #include "worker/cuda/sim/cublas_sim.h"
 #else
-#include "worker/cuda/cublas_api.h"
+#include <cublas_v2.h>
 #endif
 
 #endif  // KVTIER_WORKER_CUDA_CUBLAS_API_H_

@@ -10,7 +10,7 @@
 #ifdef KVTIER_CUDA_SIM
 #include "worker/cuda/sim/cuda_runtime_sim.h"
 #else
-#include "worker/cuda/cuda_api.h"
+#include <cuda_runtime_api.h>
 #endif
 
 #endif  // KVTIER_WORKER_CUDA_CUDA_API_H_

@@ -6,7 +6,7 @@
 // (always there, so a device run never loses the engine to a missing file) — and RealModel/ —
 // SmolLM2 (opt-in: skips without the file; scripts/gpu-check filters it out then).
 // Also built over the simulated device (cuda_engine_sim_test, label e2e), where kernels and
-// GEMMs are CPU loops: there it runs one prompt and a few steps (kSimulated).
+// GEMMs are CPU loops: there it runs one prompt for 16 steps, and full against hierarchy β 0.3.
 
 #include <algorithm>
 #include <cstring>
@@ -39,6 +39,9 @@ using worker::TieredSequence;
 // (docs/engine.md); 2% of a ~30-logit range (~0.6) allows that rounding through 30 layers.
 // Never measured on a GPU yet: the test prints the worst share seen, to tighten it.
 constexpr double kLogitShare = 0.02;
+// On the simulated device the GEMMs are f32 sums of the same f16 inputs (measured worst share
+// 0.001), so the bound is tighter there and most steps compare the argmax.
+constexpr double kSimLogitShare = 0.003;
 
 std::vector<int32_t> ChatPrompt(const Model& m, const std::string& user) {
   return m.tokenizer().Encode(ApplyChatTemplate(std::vector<ChatMessage>{{"user", user}}, true));
@@ -131,7 +134,7 @@ TEST_P(CudaModelGpuTest, GreedyTokensMatchTheCpuEngineOnTheE2ePrompts) {
   KVTIER_PREPARE_GPU_ENGINE(f);
   const char* users[] = {"Name three colours.", "Why is the sky blue?", "Tell me a joke.",
                          "Count from one to twenty in words, one per line."};
-  const int steps = kSimulated ? 4 : 32;
+  const int steps = kSimulated ? 16 : 32;
   const int prompts = kSimulated ? 1 : 4;
   double worst_share = 0;
   int near_ties = 0, compared = 0;
@@ -146,7 +149,7 @@ TEST_P(CudaModelGpuTest, GreedyTokensMatchTheCpuEngineOnTheE2ePrompts) {
     ASSERT_TRUE(f.gpu->Prefill(prompt, **seq, &gpu_logits).ok());
     for (int step = 0; step < steps; ++step) {
       const auto [lo, hi] = std::minmax_element(cpu_logits.begin(), cpu_logits.end());
-      const double bound = kLogitShare * (*hi - *lo);
+      const double bound = (kSimulated ? kSimLogitShare : kLogitShare) * (*hi - *lo);
       double worst = 0;
       for (size_t i = 0; i < cpu_logits.size(); ++i) {
         worst = std::max(worst, double(std::fabs(cpu_logits[i] - gpu_logits[i])));
@@ -171,10 +174,10 @@ TEST_P(CudaModelGpuTest, GreedyTokensMatchTheCpuEngineOnTheE2ePrompts) {
     }
   }
   std::printf(
-      "gpu vs cpu: worst max|dlogit| / range %.4f (bound %.2f); argmax compared at %d "
+      "gpu vs cpu: worst max|dlogit| / range %.4f (bound %.3f); argmax compared at %d "
       "steps, %d near ties skipped\n",
-      worst_share, kLogitShare, compared, near_ties);
-  EXPECT_GT(compared, kSimulated ? 0 : near_ties);
+      worst_share, kSimulated ? kSimLogitShare : kLogitShare, compared, near_ties);
+  EXPECT_GT(compared, near_ties);
 }
 
 TEST_P(CudaModelGpuTest, HierarchyIsBitIdenticalToFullAndPagesLeaveT0) {
@@ -189,12 +192,13 @@ TEST_P(CudaModelGpuTest, HierarchyIsBitIdenticalToFullAndPagesLeaveT0) {
   };
   std::vector<Run> runs;
   for (auto [policy, beta] : {std::pair{"full", 1.0}, {"hierarchy", 0.3}, {"hierarchy", 0.7}}) {
+    if (kSimulated && beta == 0.7) continue;  // CPU GEMMs: two runs are enough there
     auto seq = f.runtime->Open(Options(policy, beta, prompt.size()));
     ASSERT_TRUE(seq.ok()) << seq.status();
     runs.push_back({std::string(policy) + " beta=" + std::to_string(beta), *std::move(seq), {}});
   }
   for (Run& r : runs) ASSERT_TRUE(f.gpu->Prefill(prompt, *r.seq, &r.logits).ok()) << r.name;
-  for (int step = 0; step < (kSimulated ? 6 : 100); ++step) {
+  for (int step = 0; step < 100; ++step) {
     for (size_t i = 1; i < runs.size(); ++i) {
       ASSERT_EQ(0, std::memcmp(runs[i].logits.data(), runs[0].logits.data(),
                                runs[0].logits.size() * sizeof(float)))

@@ -14,6 +14,7 @@
 #include "tests/support/synthetic_engine.h"
 #include "worker/runtime/worker_runtime.h"
 #ifdef KVTIER_TEST_CUDA_BACKEND
+#include "tests/gpu/cuda/gpu_test_util.h"
 #include "tests/support/device_cache.h"
 #endif
 
@@ -27,10 +28,12 @@ using tiering::Tier;
 constexpr StoreBackend kBackend = StoreBackend::kCuda;
 constexpr uint32_t kHeadDim = 64;  // the CUDA kernels serve 64 and 128
 #define KVTIER_HOST_ONLY(why) GTEST_SKIP() << "host backend only: " << why
+#define KVTIER_NEEDS_BACKEND() KVTIER_SKIP_WITHOUT_GPU()
 #else
 constexpr StoreBackend kBackend = StoreBackend::kHost;
 constexpr uint32_t kHeadDim = 32;
 #define KVTIER_HOST_ONLY(why) (void)0
+#define KVTIER_NEEDS_BACKEND() (void)0
 #endif
 
 AttentionShape Shape() {
@@ -78,6 +81,7 @@ std::vector<float> Decode(TieredSequence& seq, uint64_t prompt, int steps, uint6
 }
 
 TEST(TieredSequenceTest, HierarchyWithoutLossIsBitIdenticalToFullForEveryHbmRatio) {
+  KVTIER_NEEDS_BACKEND();
   std::mt19937 rng(3);
   for (uint32_t page_tokens : {1u, 4u, 16u}) {
     auto runtime = LocalRuntime(page_tokens);
@@ -103,6 +107,7 @@ TEST(TieredSequenceTest, HierarchyWithoutLossIsBitIdenticalToFullForEveryHbmRati
 }
 
 TEST(TieredSequenceTest, EvictionChangesOutputsAndIsReportedCumulatively) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   auto full = runtime->Open(Options("full", 1, 0, 0, 16));
   auto evicting = runtime->Open(Options("hierarchy", 0.5, 0.2, 0, 16));
@@ -120,6 +125,7 @@ TEST(TieredSequenceTest, EvictionChangesOutputsAndIsReportedCumulatively) {
 }
 
 TEST(TieredSequenceTest, CompressedPagesCarrySmallBoundedError) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   auto full = runtime->Open(Options("full", 1, 0, 0, 16));
   auto compressed = runtime->Open(Options("hierarchy", 0.3, 0, 0.5, 16));
@@ -135,6 +141,7 @@ TEST(TieredSequenceTest, CompressedPagesCarrySmallBoundedError) {
 }
 
 TEST(TieredSequenceTest, ClosingReturnsEverySlot) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   {
     auto seq = runtime->Open(Options("hierarchy", 0.2, 0, 0.3, 8));
@@ -146,6 +153,7 @@ TEST(TieredSequenceTest, ClosingReturnsEverySlot) {
 }
 
 TEST(TieredSequenceTest, RejectsWorkerOnlyPoliciesAndBadBudgets) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(16);
   auto h2o = runtime->Open(Options("h2o", 0.5, 0.1, 0, 8));
   EXPECT_EQ(h2o.status().code(), absl::StatusCode::kInvalidArgument);
