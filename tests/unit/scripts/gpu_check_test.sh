@@ -27,7 +27,7 @@ rm "$tmp/libkvtierreallygone.so"
 stand_in() { printf '#!/usr/bin/env bash\n%s\n' "$2" >"$1"; chmod +x "$1"; }
 stand_in "$tmp/build/bin/cuda_runtime_gpu_test" 'echo "[  PASSED  ] 4 tests."'
 stand_in "$tmp/build/bin/cuda_engine_gpu_test" "echo \"\$@\" >$tmp/engine-args; sleep 60"
-stand_in "$tmp/build/bin/vmm_pool_gpu_test" 'echo "[  SKIPPED ] VmmPoolGpuTest.Import"; echo "[  PASSED  ] 0 tests."'
+stand_in "$tmp/build/bin/vmm_pool_gpu_test" 'printf "[  SKIPPED ] VmmPoolGpuTest.Import (0 ms)\n[  PASSED  ] 0 tests.\n[  SKIPPED ] 1 test, listed below:\n[  SKIPPED ] VmmPoolGpuTest.Import\n"'
 stand_in "$tmp/build/bin/kvtier-gpu-probe" 'echo driver_version=13000; echo probe=PASS'
 stand_in "$tmp/build/bin/kvtier-gpu-bench" 'echo "# bench" >"$2"; echo "figure: 1" >>"$2"'
 stand_in "$tmp/build/bin/kvtierd" 'exit 0'
