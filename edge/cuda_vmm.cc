@@ -48,9 +48,13 @@ absl::StatusOr<std::unique_ptr<VmmRange>> VmmRange::Reserve(const Driver* driver
     access.push_back({{kLocationDevice, dev}, kAccessReadWrite});
   }
   access.push_back({{kLocationHostNuma, numa_node}, kAccessReadWrite});
+  // The driver takes only power-of-two alignments, and extents need not be one (12 MiB is a
+  // valid extent): the largest power of two dividing the extent size aligns every extent start.
+  const uint64_t reserve_alignment = alignment & (~alignment + 1);
   DevicePtr base = 0;
-  if (absl::Status s = driver->Check(driver->api().MemAddressReserve(&base, bytes, alignment, 0, 0),
-                                     absl::StrCat("cuMemAddressReserve(", bytes >> 20, " MiB)"));
+  if (absl::Status s =
+          driver->Check(driver->api().MemAddressReserve(&base, bytes, reserve_alignment, 0, 0),
+                        absl::StrCat("cuMemAddressReserve(", bytes >> 20, " MiB)"));
       !s.ok()) {
     return s;
   }

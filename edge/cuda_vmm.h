@@ -27,7 +27,8 @@ absl::StatusOr<UniqueFd> CreateExportedHostAllocation(const Driver& driver, uint
 // outlive it.
 class VmmRange {
  public:
-  // Reserves `bytes` (a multiple of `alignment`, the extents' size) of device-and-host virtual
+  // Reserves `bytes` (a multiple of `alignment`, the extents' size, which need not be a power of
+  // two: the range is aligned to the largest power of two dividing it) of device-and-host virtual
   // address space; every visible device, and the host NUMA node `numa_node`, get access to what
   // is mapped. A driver without host-NUMA VMM (before 12.2, or a device without it) is refused
   // here, before anything is reserved.

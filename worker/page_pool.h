@@ -8,6 +8,7 @@
 // plan execution, a SlotSource.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,18 @@ class PagePool {
   // True when the memory is already pinned and mapped for the GPUs (the daemon's CUDA VMM
   // pools): a CUDA backend then registers nothing of its own.
   virtual bool device_mapped() const { return false; }
+  // A daemon pool is mapped extent by extent: only the first bytes the reader returns (whole
+  // extents of extent_bytes()) are memory, the rest of the range is reserved address space that
+  // must not be pinned (worker/cuda/pin_ledger.h). A local pool is one extent, all mapped. The
+  // reader holds what it reads: a pin record may outlive the pool object that made it.
+  virtual uint64_t extent_bytes() const { return size(); }
+  virtual std::function<uint64_t()> mapped_bytes_reader() const {
+    return [n = size()] { return n; };
+  }
+  // What keeps the memory mapped (the client's mapping), shared by every pool over it; null when
+  // the pool owns its memory. A pin record holds it, so memory is unpinned before it is unmapped,
+  // and is keyed by it, so a new mapping at a reused address is pinned afresh.
+  virtual std::shared_ptr<const void> memory_owner() const { return nullptr; }
 };
 
 // A pool over memory someone else owns and maps (e.g. the daemon's extents mapped by the

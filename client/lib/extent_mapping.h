@@ -39,6 +39,7 @@ class ExtentMapping final : public PoolMapping {
   uint64_t data_bytes() const override { return extent_bytes_ * max_extents_; }
   uint64_t epoch() const override { return epoch_; }
   uint32_t mapped_extents() const override { return mapped_.load(std::memory_order_acquire); }
+  uint64_t extent_bytes() const override { return extent_bytes_; }
   bool device_mapped() const override { return vmm_ != nullptr; }
   // Set once an extent of a CUDA VMM pool could not be imported or mapped (the error).
   std::string vmm_failure() const;

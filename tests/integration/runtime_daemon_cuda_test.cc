@@ -84,14 +84,13 @@ TEST(RuntimeDaemonCudaTest, CudaVmmPoolsTierBitIdenticallyToFull) {
   DecodeAgainstFull((*daemon)->address(), fake);
 }
 
-// memfd pools, what both packaged deployments give a worker. DISABLED: fails today on the
-// simulated device (issue #32, item 2), two bugs at once: the worker pins 256 MiB chunks of the
-// pool's address reservation (worker/cuda/pinned_mapping.cc), most of it not mapped
-// (client/lib/extent_mapping.cc), and cudaHostRegister refuses unmapped memory, as the driver
-// does; that error is handled but never cleared, so the next launch on the thread, the *full*
-// sequence's attention, reports it ("step 65, full: ... PagedDecodeAttention:
-// cudaErrorInvalidValue").
-TEST(RuntimeDaemonCudaTest, DISABLED_MemfdPoolsTierBitIdenticallyToFull) {
+// memfd pools, what both packaged deployments give a worker. Failed on the simulated device
+// before issue #32's fixes, two bugs at once: the worker pinned 256 MiB chunks of the pool's
+// address reservation, most of it not mapped, which cudaHostRegister refuses as the driver does
+// (now: per mapped extent, worker/cuda/pin_ledger.h); and that handled error was never cleared,
+// so the next launch on the thread, the *full* sequence's attention, reported it ("step 65,
+// full: ... PagedDecodeAttention: cudaErrorInvalidValue"; now CudaStatus clears it).
+TEST(RuntimeDaemonCudaTest, MemfdPoolsTierBitIdenticallyToFull) {
   KVTIER_SKIP_WITHOUT_GPU();
   auto daemon = DaemonProcess::Start({});
   ASSERT_TRUE(daemon.ok()) << daemon.status();

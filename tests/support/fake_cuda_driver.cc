@@ -189,7 +189,11 @@ Result FakeCudaDriver::Import(MemHandle* h, void* os_handle, int type) {
 }
 
 Result FakeCudaDriver::Reserve(DevicePtr* ptr, size_t size, size_t alignment) {
-  if (size == 0 || alignment == 0 || size % alignment != 0) return kInvalidValue;
+  // As the driver: the alignment is a power of two (0: the granularity), the size a multiple of it.
+  if (alignment == 0) alignment = granularity;
+  if (size == 0 || (alignment & (alignment - 1)) != 0 || size % alignment != 0) {
+    return kInvalidValue;
+  }
   void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return 2;
   *ptr = reinterpret_cast<uintptr_t>(p);

@@ -8,10 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "core/status/status_macros.h"
 #include "core/tiering/scores.h"
 #include "worker/cuda/cuda_api.h"
@@ -34,29 +31,21 @@ using tiering::Tier;
 // Queries of one prefill launch: bounds the kernel's workspace (it grows with batch × length).
 constexpr uint32_t kMaxBatch = 32;
 
-// Pool registrations for DMA, one per pool for every store of the worker (registering a range
-// twice fails); a pool the daemon pinned and mapped for the GPUs (CUDA VMM) is borrowed as is.
-// Thread-safe.
+// Pool registrations for DMA, one per pool memory for every store of the worker (registering a
+// range twice fails), keyed by the memory's owner (the client's mapping) and holding it: a
+// record is unpinned when its last store lets go (BindPools of other pools, or the store's end),
+// before its memory can be unmapped, and a new mapping at a reused address gets a new record.
+// A pool the daemon pinned and mapped for the GPUs (CUDA VMM) is borrowed as it is.
 class PinnedPools {
  public:
-  absl::StatusOr<PinnedMapping*> For(const PagePool& pool) {
-    absl::MutexLock lock(&mu_);
-    std::unique_ptr<PinnedMapping>& m = by_base_[pool.base()];
-    if (m == nullptr) {
-      absl::StatusOr<std::unique_ptr<PinnedMapping>> made =
-          PinnedMapping::ForPool(pool, {.already_pinned = pool.device_mapped()});
-      if (!made.ok()) {
-        by_base_.erase(pool.base());
-        return made.status();
-      }
-      m = *std::move(made);
-    }
-    return m.get();
+  absl::StatusOr<std::shared_ptr<PinnedMapping>> For(const PagePool& pool) {
+    const std::shared_ptr<const void> owner = pool.memory_owner();
+    return registry_.For(owner != nullptr ? owner.get() : pool.base(),
+                         [&pool] { return PinnedMapping::ForPool(pool, {}); });
   }
 
  private:
-  absl::Mutex mu_;
-  absl::flat_hash_map<const uint8_t*, std::unique_ptr<PinnedMapping>> by_base_ ABSL_GUARDED_BY(mu_);
+  PinRegistry<PinnedMapping> registry_;
 };
 
 // Whether the event's work completed. cudaErrorNotReady is also left as the thread's last error:
@@ -254,6 +243,8 @@ class CudaKvBackend final : public KvBackend {
   kc::KvDtype dtype_;           // of T0, T1 and staged blocks
   HostKvBackend host_;          // the CPU codecs (f32), for moves between host tiers
   std::vector<float> widened_;  // one page as f32, for host moves and reads of a bf16 store
+  // Held while bound; declared before the stager, which uses them and is destroyed first.
+  std::shared_ptr<PinnedMapping> t1_pins_, t2_pins_;
   PinnedMapping* t1_ = nullptr;
   PinnedMapping* t2_ = nullptr;
   std::unique_ptr<LayerStager> stager_;
@@ -302,11 +293,15 @@ absl::Status CudaKvBackend::BindPools(PagePool* ddr, PagePool* compressed) {
   RETURN_IF_ERROR(Drain());
   stager_.reset();
   t1_ = t2_ = nullptr;
+  t1_pins_.reset();  // the old pools' records: unpinned here when no other store holds them
+  t2_pins_.reset();
   if (ddr != nullptr) {
-    ASSIGN_OR_RETURN(t1_, pinned_->For(*ddr));
+    ASSIGN_OR_RETURN(t1_pins_, pinned_->For(*ddr));
+    t1_ = t1_pins_.get();
   }
   if (compressed != nullptr) {
-    ASSIGN_OR_RETURN(t2_, pinned_->For(*compressed));
+    ASSIGN_OR_RETURN(t2_pins_, pinned_->For(*compressed));
+    t2_ = t2_pins_.get();
   }
   // Without a T1 pool no page leaves T0 for host memory: nothing to stage or copy.
   return t1_ != nullptr ? EnsureStager(64) : absl::OkStatus();

@@ -13,8 +13,11 @@ namespace kvtier::worker::cuda {
 
 // OK for cudaSuccess. Out-of-memory -> RESOURCE_EXHAUSTED, invalid value -> INVALID_ARGUMENT,
 // no device -> UNAVAILABLE, anything else -> INTERNAL; the message names `what` and the error.
+// An error converted here is handled by the caller, so it is also cleared from the thread's
+// last error: otherwise the next kernel launcher's cudaGetLastError would report it as its own.
 inline absl::Status CudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
   const std::string msg =
       absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
   switch (e) {

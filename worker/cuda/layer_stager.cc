@@ -75,12 +75,11 @@ absl::Status LayerStager::Init() {
   }
   if (t2_ != nullptr) {
     const uint64_t n = options_.max_offload_batch;
-    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&offload_codes_, n * options_.CompressedBlockBytes()));
-    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&offload_ptrs_dev_, 4 * n * sizeof(void*)));
-    KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&offload_ptrs_host_, 4 * n * sizeof(void*)));
-    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&restore_codes_, n * options_.CompressedBlockBytes()));
-    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&restore_ptrs_dev_, 4 * n * sizeof(void*)));
-    KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&restore_ptrs_host_, 4 * n * sizeof(void*)));
+    for (Scratch* sc : {&offload_, &restore_}) {
+      KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&sc->codes, n * options_.CompressedBlockBytes()));
+      KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&sc->ptrs_dev, 4 * n * sizeof(void*)));
+      KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&sc->ptrs_host, 4 * n * sizeof(void*)));
+    }
   }
   return absl::OkStatus();
 }
@@ -96,17 +95,59 @@ LayerStager::~LayerStager() {
     if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
     if (slot.consumed != nullptr) cudaEventDestroy(slot.consumed);
   }
-  cudaFree(offload_codes_);
-  cudaFree(offload_ptrs_dev_);
-  cudaFreeHost(offload_ptrs_host_);
-  cudaFree(restore_codes_);
-  cudaFree(restore_ptrs_dev_);
-  cudaFreeHost(restore_ptrs_host_);
+  FreeScratch(offload_);
+  FreeScratch(restore_);
   if (restored_ != nullptr) cudaEventDestroy(restored_);
   if (produced_ != nullptr) cudaEventDestroy(produced_);
   if (offloaded_ != nullptr) cudaEventDestroy(offloaded_);
   if (h2d_ != nullptr) cudaStreamDestroy(h2d_);
   if (d2h_ != nullptr) cudaStreamDestroy(d2h_);
+}
+
+void LayerStager::FreeScratch(Scratch& s) {
+  cudaFree(s.codes);
+  cudaFree(s.ptrs_dev);
+  cudaFreeHost(s.ptrs_host);
+  for (const auto& [id, e] : s.batches) cudaEventDestroy(e);
+  for (cudaEvent_t e : s.spare) cudaEventDestroy(e);
+}
+
+absl::StatusOr<LayerStager::ScratchBatch> LayerStager::TakeScratch(Scratch& s, uint32_t n) {
+  // Batches seen complete free their entries and events without a wait.
+  for (auto it = s.batches.begin(); it != s.batches.end();) {
+    const cudaError_t q = cudaEventQuery(it->second);
+    if (q == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: cleared, or the next launch would report it
+      ++it;
+      continue;
+    }
+    KVTIER_CUDA_RETURN_IF_ERROR(q);
+    s.ring.Completed(it->first);
+    s.spare.push_back(it->second);
+    it = s.batches.erase(it);
+  }
+  const uint64_t id = s.next_id++;
+  const ScratchRing::Reservation r = s.ring.Reserve(n, id);
+  for (uint64_t reused : r.reused) {
+    auto it = std::find_if(s.batches.begin(), s.batches.end(),
+                           [&](const auto& b) { return b.first == reused; });
+    if (it == s.batches.end()) continue;
+    ++scratch_host_waits_;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(it->second));
+    s.spare.push_back(it->second);
+    s.batches.erase(it);
+  }
+  if (s.spare.empty()) {
+    cudaEvent_t e = nullptr;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    s.spare.push_back(e);
+  }
+  const ScratchBatch batch{s.codes + uint64_t{r.first} * options_.CompressedBlockBytes(),
+                           s.ptrs_host + 4 * uint64_t{r.first}, s.ptrs_dev + 4 * uint64_t{r.first},
+                           s.spare.back()};
+  s.spare.pop_back();
+  s.batches.emplace_back(id, batch.done);
+  return batch;
 }
 
 absl::Status LayerStager::EnsureSourcesPinned(absl::Span<const StageRequest> requests) {
@@ -267,21 +308,21 @@ absl::Status LayerStager::OffloadCompressed(absl::Span<const OffloadOp> ops,
       absl::Status s = t2_->EnsurePinned(ops[begin + i].dst_offset, cbb);
       if (!s.ok()) return s;
     }
-    // The scratch and the pinned pointer mirror are reused: wait for the previous offload.
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(offloaded_));
+    absl::StatusOr<ScratchBatch> batch = TakeScratch(offload_, n);
+    if (!batch.ok()) return batch.status();
+    auto [scratch, ptrs_host, ptrs_dev, done] = *batch;
     for (uint32_t i = 0; i < n; ++i) {
       const uint8_t* src = ops[begin + i].src;
-      uint8_t* codes = offload_codes_ + i * cbb;
-      offload_ptrs_host_[i] = const_cast<uint8_t*>(src);
-      offload_ptrs_host_[n + i] = const_cast<uint8_t*>(src + block / 2);
-      offload_ptrs_host_[2 * n + i] = codes;
-      offload_ptrs_host_[3 * n + i] = codes + ckb;
+      uint8_t* codes = scratch + i * cbb;
+      ptrs_host[i] = const_cast<uint8_t*>(src);
+      ptrs_host[n + i] = const_cast<uint8_t*>(src + block / 2);
+      ptrs_host[2 * n + i] = codes;
+      ptrs_host[3 * n + i] = codes + ckb;
     }
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(produced_, producer));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(d2h_, produced_, 0));
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(offload_ptrs_dev_, offload_ptrs_host_,
-                                                4 * n * sizeof(void*), cudaMemcpyHostToDevice,
-                                                d2h_));
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ptrs_dev, ptrs_host, 4 * n * sizeof(void*), cudaMemcpyHostToDevice, d2h_));
     kc::QuantizeParams p;
     p.num_tensors = n;
     p.rows = options_.page_tokens;
@@ -291,16 +332,17 @@ absl::Status LayerStager::OffloadCompressed(absl::Span<const OffloadOp> ops,
     for (kc::Role role : {kc::Role::kKey, kc::Role::kValue}) {
       const uint32_t k = role == kc::Role::kKey ? 0 : 1;
       p.role = role;
-      p.src = offload_ptrs_dev_ + k * n;
-      p.dst = reinterpret_cast<uint8_t* const*>(offload_ptrs_dev_ + (2 + k) * n);
+      p.src = ptrs_dev + k * n;
+      p.dst = reinterpret_cast<uint8_t* const*>(ptrs_dev + (2 + k) * n);
       KVTIER_CUDA_RETURN_IF_ERROR(kc::QuantizePages(p, d2h_));
     }
     runs_.clear();
     for (uint32_t i = 0; i < n; ++i) runs_.push_back({i * cbb, ops[begin + i].dst_offset, cbb});
     runs_ = CutAtHostChunks(std::move(runs_), t2_->chunk_bytes());
-    absl::Status s = d2h_issuer_.Issue(runs_, offload_codes_, t2_->base(), d2h_);
+    absl::Status s = d2h_issuer_.Issue(runs_, scratch, t2_->base(), d2h_);
     if (!s.ok()) return s;
     d2h_bytes_ += cbb * n;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, d2h_));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(offloaded_, d2h_));
   }
   return absl::OkStatus();
@@ -342,31 +384,32 @@ absl::Status LayerStager::RestoreCompressed(absl::Span<const RestoreOp> ops) {
   for (size_t begin = 0; begin < ops.size(); begin += options_.max_offload_batch) {
     const uint32_t n =
         static_cast<uint32_t>(std::min<size_t>(options_.max_offload_batch, ops.size() - begin));
-    std::vector<CopyRun> runs;
     for (uint32_t i = 0; i < n; ++i) {
       absl::Status s = t2_->EnsurePinned(ops[begin + i].src_offset, cbb);
       if (!s.ok()) return s;
-      runs.push_back({ops[begin + i].src_offset, i * cbb, cbb});
     }
-    // The scratch and the pinned pointer mirror are reused: wait for their previous use.
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(restored_));
+    absl::StatusOr<ScratchBatch> batch = TakeScratch(restore_, n);
+    if (!batch.ok()) return batch.status();
+    auto [scratch, ptrs_host, ptrs_dev, done] = *batch;
+    std::vector<CopyRun> runs;
     for (uint32_t i = 0; i < n; ++i) {
-      uint8_t* codes = restore_codes_ + i * cbb;
+      runs.push_back({ops[begin + i].src_offset, i * cbb, cbb});
+      uint8_t* codes = scratch + i * cbb;
       uint8_t* out = ops[begin + i].dst;
-      restore_ptrs_host_[i] = codes;
-      restore_ptrs_host_[n + i] = codes + ckb;
-      restore_ptrs_host_[2 * n + i] = out;
-      restore_ptrs_host_[3 * n + i] = out + block / 2;
+      ptrs_host[i] = codes;
+      ptrs_host[n + i] = codes + ckb;
+      ptrs_host[2 * n + i] = out;
+      ptrs_host[3 * n + i] = out + block / 2;
     }
-    absl::Status s = h2d_issuer_.Issue(CoalesceRuns(runs, t2_->chunk_bytes()), t2_->base(),
-                                       restore_codes_, h2d_);
+    absl::Status s =
+        h2d_issuer_.Issue(CoalesceRuns(runs, t2_->chunk_bytes()), t2_->base(), scratch, h2d_);
     if (!s.ok()) return s;
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(restore_ptrs_dev_, restore_ptrs_host_,
-                                                4 * n * sizeof(void*), cudaMemcpyHostToDevice,
-                                                h2d_));
-    s = DequantizeOnH2d(restore_ptrs_dev_, n);
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ptrs_dev, ptrs_host, 4 * n * sizeof(void*), cudaMemcpyHostToDevice, h2d_));
+    s = DequantizeOnH2d(ptrs_dev, n);
     if (!s.ok()) return s;
     h2d_bytes_ += cbb * n;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, h2d_));
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(restored_, h2d_));
   }
   return absl::OkStatus();

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,7 @@
 #include "worker/cuda/copy_engine.h"
 #include "worker/cuda/cuda_api.h"
 #include "worker/cuda/pinned_mapping.h"
+#include "worker/cuda/scratch_ring.h"
 #include "worker/cuda/staging_plan.h"
 #include "worker/kernels/cuda/kv_ops.h"
 
@@ -100,6 +102,9 @@ class LayerStager {
   cudaStream_t d2h_stream() const { return d2h_; }
   uint64_t h2d_bytes() const { return h2d_bytes_; }
   uint64_t d2h_bytes() const { return d2h_bytes_; }
+  // Times the host blocked on the T2 scratch: a batch reusing entries whose earlier batch had not
+  // completed yet (ScratchRing; a page in a row never waits for the page before it).
+  uint64_t scratch_host_waits() const { return scratch_host_waits_; }
   const LayerStagerOptions& options() const { return options_; }
 
  private:
@@ -122,6 +127,27 @@ class LayerStager {
   absl::Status RestoreCompressed(absl::Span<const RestoreOp> ops);
   // Dequantizes n blocks on the H2D stream; ptrs_dev = [K codes][V codes][K out][V out] x n.
   absl::Status DequantizeOnH2d(void** ptrs_dev, uint32_t n);
+  // A T2 scratch area (codes, pointer arrays) handed out as a ring, one event per batch.
+  struct Scratch {
+    explicit Scratch(uint32_t capacity) : ring(capacity) {}
+    uint8_t* codes = nullptr;    // capacity * CompressedBlockBytes(), device
+    void** ptrs_dev = nullptr;   // 4 * capacity device pointers
+    void** ptrs_host = nullptr;  // pinned mirror
+    ScratchRing ring;
+    std::vector<std::pair<uint64_t, cudaEvent_t>> batches;  // in flight: id, its event
+    std::vector<cudaEvent_t> spare;
+    uint64_t next_id = 0;
+  };
+  // Entries for n blocks of `s` (a wait only when the ring wraps onto a batch still in flight):
+  // the codes and both pointer arrays, and the event to record once their last use is issued.
+  struct ScratchBatch {
+    uint8_t* codes;
+    void** ptrs_host;
+    void** ptrs_dev;
+    cudaEvent_t done;
+  };
+  absl::StatusOr<ScratchBatch> TakeScratch(Scratch& s, uint32_t n);
+  void FreeScratch(Scratch& s);
 
   LayerStagerOptions options_;
   PinnedMapping* t1_;
@@ -132,15 +158,11 @@ class LayerStager {
   cudaStream_t d2h_ = nullptr;
   cudaEvent_t produced_ = nullptr;
   cudaEvent_t offloaded_ = nullptr;
-  // Compressed offload scratch: codes on the device, pointer arrays on device and pinned host.
-  uint8_t* offload_codes_ = nullptr;
-  void** offload_ptrs_dev_ = nullptr;
-  void** offload_ptrs_host_ = nullptr;
-  // Compressed restore scratch, the same shapes, and the event of its last use.
-  uint8_t* restore_codes_ = nullptr;
-  void** restore_ptrs_dev_ = nullptr;
-  void** restore_ptrs_host_ = nullptr;
+  // Compressed offload and restore scratch; restored_ marks the last restore.
+  Scratch offload_{options_.max_offload_batch};
+  Scratch restore_{options_.max_offload_batch};
   cudaEvent_t restored_ = nullptr;
+  uint64_t scratch_host_waits_ = 0;
   CopyIssuer h2d_issuer_;
   CopyIssuer d2h_issuer_;
   std::vector<CopyRun> runs_;

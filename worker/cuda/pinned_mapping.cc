@@ -1,7 +1,5 @@
 #include "worker/cuda/pinned_mapping.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_status.h"
@@ -15,10 +13,24 @@ absl::StatusOr<std::unique_ptr<PinnedMapping>> PinnedMapping::Create(uint8_t* ba
   if (reinterpret_cast<uintptr_t>(base) % kHostPageBytes != 0) {
     return absl::InvalidArgumentError("base must be 4096-byte aligned");
   }
-  absl::StatusOr<std::vector<PinChunk>> chunks = PlanPinChunks(size, options.chunk_bytes);
-  if (!chunks.ok()) return chunks.status();
-  std::unique_ptr<PinnedMapping> m(
-      new PinnedMapping(base, size, options.chunk_bytes, chunks->size(), options.already_pinned));
+  std::unique_ptr<PinnedMapping> m(new PinnedMapping(base, std::move(options.owner)));
+  PinHooks hooks{.pin = [base](uint64_t offset, uint64_t bytes) -> absl::Status {
+                   KVTIER_CUDA_RETURN_IF_ERROR(cudaHostRegister(
+                       base + offset, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped));
+                   return absl::OkStatus();
+                 },
+                 .unpin =
+                     [base](uint64_t offset) {
+                       if (cudaHostUnregister(base + offset) != cudaSuccess) {
+                         cudaGetLastError();  // handled here: not the next launch's error
+                       }
+                     },
+                 .mapped_bytes = std::move(options.mapped_bytes)};
+  absl::StatusOr<std::unique_ptr<PinLedger>> ledger =
+      PinLedger::Create(size, options.extent_bytes == 0 ? size : options.extent_bytes,
+                        options.chunk_bytes, std::move(hooks), options.already_pinned);
+  if (!ledger.ok()) return ledger.status();
+  m->ledger_ = *std::move(ledger);
   if (options.pin_all_now) {
     absl::Status s = m->PinAll();
     if (!s.ok()) return s;
@@ -26,51 +38,15 @@ absl::StatusOr<std::unique_ptr<PinnedMapping>> PinnedMapping::Create(uint8_t* ba
   return m;
 }
 
-PinnedMapping::~PinnedMapping() {
-  if (borrowed_) return;
-  absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < pinned_.size(); ++i) {
-    if (pinned_[i]) cudaHostUnregister(base_ + i * chunk_bytes_);
-  }
+absl::StatusOr<std::unique_ptr<PinnedMapping>> PinnedMapping::ForPool(
+    const PagePool& pool, PinnedMappingOptions options) {
+  options.already_pinned = options.already_pinned || pool.device_mapped();
+  options.extent_bytes = pool.extent_bytes();
+  options.mapped_bytes = pool.mapped_bytes_reader();
+  options.owner = pool.memory_owner();
+  return Create(pool.base(), pool.size(), std::move(options));
 }
 
-absl::Status PinnedMapping::EnsurePinned(uint64_t offset, uint64_t bytes) {
-  if (bytes == 0) return absl::OkStatus();
-  if (offset > size_ || bytes > size_ - offset) {
-    return absl::OutOfRangeError(
-        absl::StrCat("range [", offset, ", +", bytes, ") leaves the mapping of ", size_));
-  }
-  const ChunkSpan span = ChunksCovering(offset, bytes, chunk_bytes_);
-  absl::MutexLock lock(&mu_);
-  for (uint64_t i = span.first; i <= span.last; ++i) {
-    if (pinned_[i]) continue;
-    const uint64_t begin = i * chunk_bytes_;
-    const uint64_t n = std::min(chunk_bytes_, size_ - begin);
-    KVTIER_CUDA_RETURN_IF_ERROR(
-        cudaHostRegister(base_ + begin, n, cudaHostRegisterPortable | cudaHostRegisterMapped));
-    pinned_[i] = true;
-  }
-  return absl::OkStatus();
-}
-
-bool PinnedMapping::IsPinned(uint64_t offset, uint64_t bytes) const {
-  if (bytes == 0) return true;
-  if (offset > size_ || bytes > size_ - offset) return false;
-  const ChunkSpan span = ChunksCovering(offset, bytes, chunk_bytes_);
-  absl::MutexLock lock(&mu_);
-  for (uint64_t i = span.first; i <= span.last; ++i) {
-    if (!pinned_[i]) return false;
-  }
-  return true;
-}
-
-uint64_t PinnedMapping::pinned_bytes() const {
-  absl::MutexLock lock(&mu_);
-  uint64_t total = 0;
-  for (size_t i = 0; i < pinned_.size(); ++i) {
-    if (pinned_[i]) total += std::min(chunk_bytes_, size_ - i * chunk_bytes_);
-  }
-  return total;
-}
+PinnedMapping::~PinnedMapping() = default;
 
 }  // namespace kvtier::worker::cuda

@@ -209,8 +209,8 @@ absl::Status TieredSequence::Rejoin() {
   // Pages in the old session's memory come home first (exact copies; T2 pages keep their
   // 8-bit values), so nothing depends on memory the daemon no longer accounts for.
   RETURN_IF_ERROR(PromoteAll());
-  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, *ddr);
-  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, *compressed);
+  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, ddr);
+  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, compressed);
   ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options_.prompt_tokens, wire_policy_,
                                                       options_.tag, store_->Length(0)));
   RETURN_IF_ERROR(store_->RebindPools(ddr_pool.get(), compressed_pool.get()));

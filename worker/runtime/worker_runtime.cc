@@ -179,8 +179,8 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
   if (ddr == nullptr || compressed == nullptr) {
     return absl::UnavailableError("kvtierd gave no pools; is it running?");
   }
-  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, *ddr);
-  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, *compressed);
+  auto ddr_pool = PoolOverMapping(PoolKind::kDdr, ddr);
+  auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, compressed);
   ASSIGN_OR_RETURN(auto store,
                    MakeStore(store_options, {arena_, ddr_pool.get(), compressed_pool.get()}));
   ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options.prompt_tokens, wire, options.tag));

@@ -90,6 +90,8 @@ class PoolMapping {
   virtual uint64_t data_bytes() const = 0;
   virtual uint64_t epoch() const = 0;
   virtual uint32_t mapped_extents() const = 0;
+  // Bytes of one extent: extent i is mapped at data() + i * extent_bytes().
+  virtual uint64_t extent_bytes() const { return data_bytes(); }
   // True when the daemon's memory is CUDA VMM pinned host memory, mapped at data() for every
   // device and the host alike (docs/cuda.md, "Pool backends"): a CUDA worker copies to and from
   // it as is and must not cudaHostRegister it. False for memfd pools, which a CUDA worker pins

@@ -33,5 +33,15 @@ TEST(CudaDeviceArenaGpuTest, AllocatesAlignedDisjointDeviceBlocksWithinTheBudget
   EXPECT_EQ(CudaDeviceArena::Create(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// An error the store handles (reports as a status) is cleared from the thread's last error:
+// otherwise the next kernel launcher, which returns cudaGetLastError(), fails for it.
+TEST(CudaDeviceArenaGpuTest, AnArenaTheDeviceCannotHoldLeavesNoErrorForTheNextLaunch) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const absl::StatusOr<std::unique_ptr<CudaDeviceArena>> huge =
+      CudaDeviceArena::Create(uint64_t{1} << 52);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 }  // namespace
 }  // namespace kvtier::worker::cuda

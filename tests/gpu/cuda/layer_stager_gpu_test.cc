@@ -186,6 +186,55 @@ TEST_F(LayerStagerGpuTest, CompressedPathMatchesTheHostCodec) {
   }
 }
 
+// T2 one page at a time, as the store moves pages: each page's blocks go through the scratch
+// ring, the host waits for no earlier page until the ring wraps onto one still in flight, and
+// every page's codes and its restore are what the one-batch path gives, across several laps.
+TEST_F(LayerStagerGpuTest, CompressedPagesInARowRoundTripWithoutAHostWaitPerPage) {
+  options_.max_offload_batch = 2 * kBlocks + 3;  // wraps every 2 pages, at a ragged end
+  std::unique_ptr<LayerStager> s = *LayerStager::Create(options_, pool_[0].get(), pool_[1].get());
+  const uint64_t cbb = options_.CompressedBlockBytes();
+  const uint64_t stride = (cbb + 255) / 256 * 256;
+  constexpr int kPages = 7;
+  ASSERT_LE(kPages * kBlocks * stride, shm_[1]->size());
+  for (int page = 0; page < kPages; ++page) {  // the same device blocks, a new T2 home each time
+    std::vector<OffloadOp> ops = Ops(stride);
+    for (OffloadOp& op : ops) op.dst_offset += page * kBlocks * stride;
+    ASSERT_TRUE(s->OffloadCompressed(ops, nullptr).ok()) << page;
+    if (page < 2) {
+      EXPECT_EQ(s->scratch_host_waits(), 0u) << "waited for the page before";
+    }
+  }
+  ASSERT_TRUE(s->WaitOffloads().ok());
+  EXPECT_LE(s->scratch_host_waits(), uint64_t{kPages - 2}) << "at most one wait per wrap";
+  for (int page = 1; page < kPages; ++page) {
+    ASSERT_EQ(0, std::memcmp(shm_[1]->data(), shm_[1]->data() + page * kBlocks * stride,
+                             kBlocks * stride))
+        << "page " << page << "'s codes differ from page 0's";
+  }
+  // Restores, one page at a time, into fresh device blocks: each equals page 0's prefetch.
+  absl::StatusOr<StagedLayer> staged =
+      s->Prefetch(0, Requests(StageSource::kCompressed, stride, cbb));
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  const std::vector<uint8_t> expect = ReadStaged(*s, 0, *staged);
+  DeviceBuffer<uint8_t> restored(std::vector<uint8_t>(kPages * kBlocks * block_, 0));
+  for (int page = 0; page < kPages; ++page) {
+    std::vector<RestoreOp> ops;
+    for (uint32_t i = 0; i < kBlocks; ++i) {
+      ops.push_back({page * kBlocks * stride + i * stride,
+                     restored.get() + (page * kBlocks + i) * block_, StageSource::kCompressed});
+    }
+    ASSERT_TRUE(s->Restore(ops, compute_).ok()) << page;
+  }
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+  std::vector<uint8_t> back(kPages * kBlocks * block_);
+  ASSERT_EQ(cudaMemcpy(back.data(), restored.get(), back.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int page = 0; page < kPages; ++page) {
+    EXPECT_EQ(0, std::memcmp(back.data() + page * kBlocks * block_, expect.data(), expect.size()))
+        << "page " << page;
+  }
+}
+
 TEST_F(LayerStagerGpuTest, RejectsWrongBlockSizesAndMissingT2) {
   std::unique_ptr<LayerStager> s = *LayerStager::Create(options_, pool_[0].get(), nullptr);
   EXPECT_EQ(s->Prefetch(0, Requests(StageSource::kFull, block_, block_ - 2)).status().code(),

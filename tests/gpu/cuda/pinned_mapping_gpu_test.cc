@@ -1,5 +1,6 @@
 // Pinning a shared-memory mapping in chunks, and DMA round trips through it.
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "tests/gpu/cuda/gpu_test_util.h"
 #include "worker/cuda/pinned_mapping.h"
 #include "worker/cuda/shm_region.h"
+#include "worker/runtime/daemon_pools.h"
 
 namespace kvtier::worker::cuda {
 namespace {
@@ -98,6 +100,82 @@ TEST(PinnedMappingGpuTest, AsyncRoundTripThroughThePinnedMapping) {
   ASSERT_CUDA_OK(cudaStreamSynchronize(s));
   EXPECT_EQ(0, std::memcmp(shm->data(), shm->data() + half, half));
   cudaStreamDestroy(s);
+}
+
+// A daemon pool as the client maps it (client/lib/extent_mapping): a PROT_NONE reservation with
+// memfd extents mapped from the front.
+class ReservedPool final : public PoolMapping {
+ public:
+  ReservedPool(uint64_t extent, uint32_t max_extents) : extent_(extent), max_(max_extents) {
+    void* p = mmap(nullptr, extent * max_extents, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~ReservedPool() override {
+    if (base_ != nullptr) munmap(base_, extent_ * max_);
+  }
+  bool MapNext() {
+    const int fd = memfd_create("kvtier-gpu-extent", MFD_CLOEXEC);
+    const bool ok = fd >= 0 && ftruncate(fd, static_cast<off_t>(extent_)) == 0 &&
+                    mmap(base_ + mapped_ * extent_, extent_, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+    if (fd >= 0) close(fd);
+    mapped_ += ok;
+    return ok;
+  }
+  v1::PoolKind kind() const override { return v1::POOL_KIND_DDR; }
+  uint8_t* data() const override { return base_; }
+  uint64_t data_bytes() const override { return extent_ * max_; }
+  uint64_t extent_bytes() const override { return extent_; }
+  uint64_t epoch() const override { return 1; }
+  uint32_t mapped_extents() const override { return mapped_; }
+
+ private:
+  const uint64_t extent_;
+  const uint32_t max_;
+  uint8_t* base_ = nullptr;
+  uint32_t mapped_ = 0;
+};
+
+// The daemon-mode worker over memfd pools: a mostly unmapped reservation of 12 MiB extents (not
+// a power of two) with the default 256 MiB chunks. Registering a chunk would cover PROT_NONE
+// memory, which the driver refuses; registrations per mapped extent work, copies go through
+// them, a range past the mapped extents is refused without a CUDA call, and no error is left
+// for the next launch to report.
+TEST(PinnedMappingGpuTest, ADaemonPoolIsPinnedPerMappedExtent) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  constexpr uint64_t kExtent = 12 << 20;
+  auto mapping = std::make_shared<ReservedPool>(kExtent, 32);
+  ASSERT_NE(mapping->data(), nullptr);
+  ASSERT_TRUE(mapping->MapNext() && mapping->MapNext() && mapping->MapNext());
+  std::unique_ptr<PagePool> pool = PoolOverMapping(PoolKind::kDdr, mapping);
+  absl::StatusOr<std::unique_ptr<PinnedMapping>> m = PinnedMapping::ForPool(*pool, {});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->chunk_bytes(), kExtent);
+  const uint64_t at = 2 * kExtent + 4096, bytes = 1 << 20;
+  ASSERT_TRUE((*m)->EnsurePinned(at, bytes).ok());
+  EXPECT_EQ((*m)->pinned_bytes(), kExtent);
+  std::mt19937 rng(12);
+  for (uint64_t i = 0; i < bytes; ++i) mapping->data()[at + i] = static_cast<uint8_t>(rng());
+  DeviceBuffer<uint8_t> dev(bytes);
+  cudaStream_t s;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ASSERT_CUDA_OK(
+      cudaMemcpyAsync(dev.get(), mapping->data() + at, bytes, cudaMemcpyHostToDevice, s));
+  ASSERT_TRUE((*m)->EnsurePinned(0, bytes).ok());
+  ASSERT_CUDA_OK(cudaMemcpyAsync(mapping->data(), dev.get(), bytes, cudaMemcpyDeviceToHost, s));
+  ASSERT_CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_EQ(0, std::memcmp(mapping->data(), mapping->data() + at, bytes));
+  cudaStreamDestroy(s);
+  const absl::Status past = (*m)->EnsurePinned(3 * kExtent, 4096);
+  EXPECT_EQ(past.code(), absl::StatusCode::kFailedPrecondition) << past;
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_TRUE(mapping->MapNext());  // the daemon grants extent 3
+  EXPECT_TRUE((*m)->EnsurePinned(3 * kExtent, 4096).ok());
+  m->reset();  // unpinned here, while the memory is still mapped
+  cudaPointerAttributes attr{};
+  ASSERT_CUDA_OK(cudaPointerGetAttributes(&attr, mapping->data()));
+  EXPECT_EQ(attr.type, cudaMemoryTypeUnregistered);
 }
 
 }  // namespace

@@ -169,5 +169,25 @@ TEST(CudaVmmTest, MappingOutsideTheRangeIsRefusedBeforeTheDriverIsAsked) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The driver takes only power-of-two alignments (the fake refuses others as it does), and the
+// daemon allows any multiple of the granularity as an extent: 12 MiB extents reserve and map.
+TEST(CudaVmmTest, ExtentsThatAreNotAPowerOfTwoReserveAndMap) {
+  FakeCudaDriver fake;
+  std::shared_ptr<const Driver> driver = fake.Load();
+  ASSERT_NE(driver, nullptr);
+  for (uint64_t extent : {uint64_t{12} << 20, uint64_t{6} << 20, uint64_t{2} << 20}) {
+    auto range = VmmRange::Reserve(driver.get(), 3 * extent, extent, 0);
+    ASSERT_TRUE(range.ok()) << extent << ": " << range.status();
+    for (uint64_t i = 0; i < 3; ++i) {
+      absl::StatusOr<UniqueFd> fd = CreateExportedHostAllocation(*driver, extent, 0);
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      ASSERT_TRUE((*range)->MapAt(fd->get(), i * extent, extent).ok()) << extent << " " << i;
+      (*range)->base()[i * extent + extent - 1] = static_cast<uint8_t>(i + 1);
+    }
+    EXPECT_EQ((*range)->base()[3 * extent - 1], 3);
+  }
+  EXPECT_EQ(fake.live_reservations(), 0);
+}
+
 }  // namespace
 }  // namespace kvtier::edge::cuda

@@ -4,13 +4,19 @@
 
 #include "engine/model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
+#include <set>
 
 #include "engine/dense_attention_cache.h"
 #include "engine/quant.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
 #include "engine/unicode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -199,6 +205,56 @@ TEST(ModelTest, EnforcesTheContextLengthAcrossPrefillAndDecode) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("exceeds the context length 40"));
   std::remove(path.c_str());
+}
+
+// The model the GPU engine test runs on (tests/gpu/engine) in place of the real one: the same
+// seed writes the same bytes, the chat template's special tokens encode as one token each, and
+// greedy decoding gives the same tokens and bit-identical logits whatever the thread count.
+TEST(ModelTest, TinyChatModelLoadsAndDecodesDeterministically) {
+  const std::string a = TempModel("tiny_chat_a.gguf"), b = TempModel("tiny_chat_b.gguf");
+  tiny::WriteTinyChatModel(a, 7);
+  tiny::WriteTinyChatModel(b, 7);
+  auto bytes = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  ASSERT_EQ(bytes(a), bytes(b)) << "the generator is not deterministic";
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;
+  };
+  std::vector<Run> runs;
+  for (int threads : {1, 2}) {
+    auto model = Model::Load(threads == 1 ? a : b, ModelOptions{threads});
+    ASSERT_TRUE(model.ok()) << model.status();
+    const std::string text =
+        ApplyChatTemplate(std::vector<ChatMessage>{{"user", "Why is the sky blue?"}}, true);
+    const std::vector<int32_t> prompt = (*model)->tokenizer().Encode(text);
+    auto occurrences = [&text](const std::string& s) {
+      int n = 0;
+      for (size_t at = text.find(s); at != std::string::npos; at = text.find(s, at + 1)) ++n;
+      return n;
+    };
+    ASSERT_EQ(prompt.front(), 258) << "<|im_start|> is one token";
+    EXPECT_EQ(std::count(prompt.begin(), prompt.end(), 258), occurrences("<|im_start|>"));
+    EXPECT_EQ(std::count(prompt.begin(), prompt.end(), 256), occurrences("<|im_end|>"));
+    DenseAttentionCache cache((*model)->attention_shape());
+    Run run;
+    ASSERT_TRUE((*model)->Prefill(prompt, cache, &run.logits).ok());
+    for (int step = 0; step < 100; ++step) {
+      run.tokens.push_back(Sampler::Argmax(run.logits));
+      DecodeRequest r{run.tokens.back(), &cache, &run.logits};
+      ASSERT_TRUE((*model)->Decode(std::span<const DecodeRequest>(&r, 1)).ok()) << step;
+    }
+    runs.push_back(std::move(run));
+  }
+  EXPECT_EQ(runs[0].tokens, runs[1].tokens);
+  ASSERT_EQ(runs[0].logits.size(), kVocab);
+  EXPECT_EQ(0, std::memcmp(runs[0].logits.data(), runs[1].logits.data(), kVocab * sizeof(float)));
+  // Random weights, not a constant model: the greedy tokens vary.
+  EXPECT_GT(std::set<int32_t>(runs[0].tokens.begin(), runs[0].tokens.end()).size(), 3u);
+  std::remove(a.c_str());
+  std::remove(b.c_str());
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #ifndef KVTIER_TESTS_UNIT_ENGINE_TINY_MODEL_H_
 #define KVTIER_TESTS_UNIT_ENGINE_TINY_MODEL_H_
 
-// A tiny synthetic Llama GGUF (mixed weight types, a byte-level vocabulary) written by tests
-// that need a real Model without the download.
+// A tiny synthetic Llama GGUF (mixed weight types, a byte-level vocabulary with the chat
+// template's special tokens) written by tests that need a real Model without the download: the
+// CPU engine's tests and the GPU engine test (tests/gpu/engine), which must run on a device
+// without the 94 MiB model.
 
 #include <cstring>
 #include <fstream>
@@ -71,10 +73,16 @@ inline Tensor MakeTensor(std::vector<uint64_t> ne, GgmlType type, std::mt19937& 
   return t;
 }
 
-inline std::map<std::string, Tensor> MakeWeights(uint32_t seed) {
+// The model's shape: the defaults above, or another (the CUDA backend serves head_dim 64 or 128).
+struct Shape {
+  uint32_t layers = kLayers, hidden = kHidden, heads = kHeads, kv_heads = kKvHeads, ffn = kFfn;
+};
+
+inline std::map<std::string, Tensor> MakeWeights(uint32_t seed, const Shape& shape = {}) {
   std::mt19937 rng(seed);
   std::map<std::string, Tensor> w;
-  const uint64_t kv = kKvHeads * kHeadDim;
+  const uint32_t kLayers = shape.layers, kHidden = shape.hidden, kFfn = shape.ffn;
+  const uint64_t kv = uint64_t{shape.kv_heads} * (shape.hidden / shape.heads);
   w["token_embd.weight"] = MakeTensor({kHidden, kVocab}, GgmlType::kQ8_0, rng, 1.0f);
   w["output_norm.weight"] = MakeTensor({kHidden}, GgmlType::kF32, rng, 0.1f, 1.0f);
   for (uint32_t l = 0; l < kLayers; ++l) {
@@ -108,18 +116,20 @@ inline std::string ByteToken(int b) {
 }
 
 inline void WriteModel(const std::string& path, const std::map<std::string, Tensor>& weights,
-                       const std::string& arch = "llama", const std::string& pre = "smollm") {
+                       const std::string& arch = "llama", const std::string& pre = "smollm",
+                       uint32_t context = kContext, bool control_tokens = false,
+                       const Shape& shape = {}) {
   GgufWriter w;
-  const int kKvs = 14;
+  const int kKvs = 14 + control_tokens;
   w.Header(weights.size(), kKvs);
   w.KvStr("tokenizer.ggml.pre", pre);
   w.KvStr("general.architecture", arch);
-  w.KvU32("llama.block_count", kLayers);
-  w.KvU32("llama.embedding_length", kHidden);
-  w.KvU32("llama.attention.head_count", kHeads);
-  w.KvU32("llama.attention.head_count_kv", kKvHeads);
-  w.KvU32("llama.feed_forward_length", kFfn);
-  w.KvU32("llama.context_length", kContext);
+  w.KvU32("llama.block_count", shape.layers);
+  w.KvU32("llama.embedding_length", shape.hidden);
+  w.KvU32("llama.attention.head_count", shape.heads);
+  w.KvU32("llama.attention.head_count_kv", shape.kv_heads);
+  w.KvU32("llama.feed_forward_length", shape.ffn);
+  w.KvU32("llama.context_length", context);
   w.Str("llama.rope.freq_base");
   w.Put<uint32_t>(6);
   w.Put<float>(kRopeBase);
@@ -136,6 +146,13 @@ inline void WriteModel(const std::string& path, const std::map<std::string, Tens
   w.Str("<|im_end|>");
   w.Str("ab");
   w.Str("<|im_start|>");
+  if (control_tokens) {  // <|im_end|> and <|im_start|> are control tokens (type 3), as in SmolLM2
+    w.Str("tokenizer.ggml.token_type");
+    w.Put<uint32_t>(9);
+    w.Put<uint32_t>(5);
+    w.Put<uint64_t>(kVocab);
+    for (uint32_t id = 0; id < kVocab; ++id) w.Put<int32_t>(id == 256 || id == 258 ? 3 : 1);
+  }
   w.Str("tokenizer.ggml.merges");
   w.Put<uint32_t>(9);
   w.Put<uint32_t>(8);
@@ -153,6 +170,16 @@ inline void WriteModel(const std::string& path, const std::map<std::string, Tens
   }
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(w.bytes().data()), w.bytes().size());
+}
+
+// The tiny model of `seed` at `path` with a context of `context` tokens (room for chat prompts
+// and a hundred decode steps), the chat template's control tokens, and head_dim 64 (2 layers,
+// hidden 128, 2 query heads, 1 KV head: a shape the CUDA backend serves): what a test loads in
+// place of the real model.
+inline constexpr Shape kChatShape{
+    .layers = 2, .hidden = 128, .heads = 2, .kv_heads = 1, .ffn = 128};
+inline void WriteTinyChatModel(const std::string& path, uint32_t seed, uint32_t context = 512) {
+  WriteModel(path, MakeWeights(seed, kChatShape), "llama", "smollm", context, true, kChatShape);
 }
 
 }  // namespace kvtier::engine::tiny
