@@ -251,14 +251,17 @@ absl::Status TieredSequence::Truncate(uint32_t length) {
   const uint32_t pt = store_->geometry().page_tokens;
   const tiering::Placement current = store_->placement();
   // The page that keeps some rows: refused when evicted, promoted when in T2 (appends write
-  // T0, or T1 in place on the host).
+  // T0, or T1 in place on the host; on a device only T0).
+  const bool appends_to_t1 = store_->backend().host_t0();
   std::vector<tiering::Move> promote;
   if (length % pt != 0) {
     const uint32_t page = length / pt;
     for (uint32_t g = 0; g < current.num_groups && page < current.num_pages; ++g) {
       const Tier t = current.at(g, page);
       if (t == Tier::kT3) return store_->Truncate(length, nullptr);  // FAILED_PRECONDITION
-      if (t == Tier::kT2) promote.push_back({g, page, t, Tier::kT0});
+      if (t == Tier::kT2 || (t == Tier::kT1 && !appends_to_t1)) {
+        promote.push_back({g, page, t, Tier::kT0});
+      }
     }
   }
   RETURN_IF_ERROR(PullDeviceScores());  // the device's scores of dropped positions go too

@@ -297,14 +297,19 @@ TEST(TieredSequenceTest, TruncateKeepsHierarchyBitIdenticalToFull) {
     auto tiered = runtime->Open(Options("hierarchy", 0.3, 0, 0, prompt));
     ASSERT_TRUE(full.ok() && tiered.ok());
     SyntheticEngine a(Shape(), page_tokens), b(Shape(), page_tokens);
+#ifdef KVTIER_TEST_CUDA_BACKEND
+    testing::DeviceCache full_cache(**full, Shape()), tiered_cache(**tiered, Shape());
+#else
+    AttentionCache &full_cache = **full, &tiered_cache = **tiered;
+#endif
     std::vector<float> want, got;
-    ASSERT_TRUE(a.Forward(**full, prompt, &want).ok());
-    ASSERT_TRUE(b.Forward(**tiered, prompt, &got).ok());
+    ASSERT_TRUE(a.Forward(full_cache, prompt, &want).ok());
+    ASSERT_TRUE(b.Forward(tiered_cache, prompt, &got).ok());
     uint64_t offloaded_before_truncate = 0;
     for (int round = 0; round < 5; ++round) {  // 80 steps, a rollback; 80 steps at the end
       for (int i = 0; i < 80; ++i) {
-        ASSERT_TRUE(a.Forward(**full, 1, &want).ok());
-        ASSERT_TRUE(b.Forward(**tiered, 1, &got).ok());
+        ASSERT_TRUE(a.Forward(full_cache, 1, &want).ok());
+        ASSERT_TRUE(b.Forward(tiered_cache, 1, &got).ok());
       }
       if (round == 4) break;
       const tiering::Placement before = (*tiered)->store().placement();
@@ -329,7 +334,7 @@ TEST(TieredSequenceTest, TruncateDropsPagesInEveryTierAndRefusesSplittingAnEvict
   auto runtime = LocalRuntime(4);
   {
     auto seq = runtime->Open(Options("hierarchy", 0.3, 0.2, 0.3, 8));
-    ASSERT_TRUE(seq.ok());
+    ASSERT_TRUE(seq.ok()) << seq.status();
     Decode(**seq, 8, 150, 4);
     const tiering::Placement placement = (*seq)->store().placement();
     for (Tier t : {Tier::kT1, Tier::kT2, Tier::kT3}) {
