@@ -72,7 +72,7 @@ def test_wait_for_plans_gives_local_pools_tokens_over_a_chain_that_evicts(daemon
 
 
 def test_a_protected_set_kvtierd_cannot_carry_is_refused_by_name():
-    with pytest.raises(ValueError, match="sink_tokens=0 cannot reach kvtierd.*daemon=None"):
+    with pytest.raises(ValueError, match="sink_tokens=0 cannot reach kvtierd.*daemon=\"\""):
         TieredCache(daemon="unix:/run/kvtier/kvtierd.sock", sink_tokens=0)
     with pytest.raises(ValueError, match="window_tokens=0"):
         TieredCache(daemon="unix:/run/kvtier/kvtierd.sock", window_tokens=0)
