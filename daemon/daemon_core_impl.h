@@ -159,6 +159,8 @@ struct SequenceRec {
   bool closed = false;           // freed by the registry; a snapshot in progress gives up
   PlacementFigures figures;      // of the acknowledged placement
   uint64_t scheduled_bytes = 0;  // T1/T2 bytes of the last plan's target (schedules)
+  // The guardrail its snapshots reported, for status (reports == 0: none yet).
+  v1::SequenceLostMass lost_mass;
   // Serializes this sequence's snapshots, and is held across the policy decision, which runs
   // without the core's mu_. Only SubmitSnapshot takes it. Lock order: plan_mu, then mu_ (under
   // mu_ it is only ever tried, never waited for). Every field above is guarded by the core's mu_.

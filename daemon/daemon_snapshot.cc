@@ -185,6 +185,16 @@ std::string DegradedReason(const Shortage& shortage,
   return reason;
 }
 
+// The latest guardrail a snapshot carried (validated), and the largest total so far.
+void RecordLostMass(const v1::LostMass& m, v1::SequenceLostMass& rec) {
+  const double total = m.compressed() + m.evicted_estimate();
+  rec.set_compressed(m.compressed());
+  rec.set_evicted_estimate(m.evicted_estimate());
+  rec.set_total(total);
+  rec.set_peak_total(std::max(rec.peak_total(), total));
+  rec.set_reports(rec.reports() + 1);
+}
+
 }  // namespace
 
 SlotMap DaemonCoreImpl::GrantDestinationsLocked(WorkerRec& w, const SequenceRec& s,
@@ -375,6 +385,7 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   {
     PiMutexLock lock(&mu_);
     RETURN_IF_ERROR(AdoptLocked(*seq, prep));
+    if (r.has_lost_mass()) RecordLostMass(r.lost_mass(), seq->lost_mass);
   }
   prep.scores = absl::Span<const float>(r.page_scores().data(), r.page_scores_size());
   if (hooks_.during_decision) hooks_.during_decision(prep.sequence_id);

@@ -44,6 +44,7 @@ struct DaemonCoreImpl::StatusRows {
     uint64_t plans = 0, degraded_plans = 0;
     double plans_per_second = 0;
     std::array<uint64_t, 2> pool_bytes{};
+    v1::SequenceLostMass lost_mass;
   };
   std::vector<Worker> workers;
   std::vector<Sequence> sequences;
@@ -106,6 +107,7 @@ v1::GetStatusResponse DaemonCoreImpl::StatusFor(const v1::GetStatusRequest& requ
     ss->set_ddr_bytes(s.pool_bytes[0]);
     ss->set_compressed_bytes(s.pool_bytes[1]);
     ss->set_snapshot_length(s.snapshot_length);
+    if (s.lost_mass.reports() != 0) *ss->mutable_lost_mass() = s.lost_mass;
   }
   for (v1::LinkStatus& l : rows.links) *resp.add_links() = std::move(l);
   return resp;
@@ -203,7 +205,7 @@ void DaemonCoreImpl::ListLocked(bool all, uint64_t own, const v1::GetStatusReque
       rows.sequences.push_back(
           {id, s->worker_id, length, s->length, s->last_applied, s->tag, s->policy.name,
            GrowFigures(w.geometry, s->figures, s->prompt_tokens, s->length, length), s->plans.plans,
-           s->plans.degraded, s->plans.rate.PerSecond(now), pool_bytes});
+           s->plans.degraded, s->plans.rate.PerSecond(now), pool_bytes, s->lost_mass});
     }
   }
 }

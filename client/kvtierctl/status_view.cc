@@ -85,7 +85,11 @@ ViewRow SequenceRow(const v1::SequenceStatus& s, bool redact) {
 
 }  // namespace
 
-std::string LostMassCell(const v1::SequenceStatus&) { return "\u2014"; }
+std::string LostMassCell(const v1::SequenceStatus& s) {
+  if (!s.has_lost_mass()) return "\u2014";
+  return absl::StrFormat("%.2f%% (peak %.2f%%)", 100 * s.lost_mass().total(),
+                         100 * s.lost_mass().peak_total());
+}
 
 std::string StatusJson(const v1::GetStatusResponse& s, bool multiline) {
   std::string out;

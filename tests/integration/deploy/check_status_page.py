@@ -113,8 +113,12 @@ def check_figures(page, status, source):
         for name, value in want.items():
             if row[col[name]] != str(value):
                 sys.exit(f"{source}: {key} shows {name} {row[col[name]]!r}, the daemon says {value}")
-        if row[col["LOST MASS"]] != "\u2014":
-            sys.exit(f"{source}: {key}'s LOST MASS is {row[col['LOST MASS']]!r}, not a dash")
+        lost = s.get("lost_mass")
+        want_lost = "\u2014" if lost is None else (
+            f"{100 * lost['total']:.2f}% (peak {100 * lost['peak_total']:.2f}%)")
+        if row[col["LOST MASS"]] != want_lost:
+            sys.exit(f"{source}: {key}'s LOST MASS is {row[col['LOST MASS']]!r}, "
+                     f"the daemon says {want_lost!r}")
         checked += 1
     for w in status.get("worker_list", []):
         key = f"w{w['worker_id']}"

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -73,8 +74,12 @@ TEST(StatusPageTest, TopAndThePageShowTheDaemonsFigures) {
 
   // Two workers: sequences tiered by snapshots, and one the daemon knows only from heartbeats.
   std::vector<std::unique_ptr<SimWorker>> workers;
+  // The second reports its sequences' lost attention mass; the first does not.
   for (uint64_t seed : {7, 8}) {
-    auto w = SimWorker::Connect({.address = d.address(), .name = "<b>tenant</b>", .seed = seed});
+    auto w = SimWorker::Connect({.address = d.address(),
+                                 .name = "<b>tenant</b>",
+                                 .seed = seed,
+                                 .report_lost_mass = seed == 8});
     ASSERT_TRUE(w.ok()) << w.status();
     workers.push_back(*std::move(w));
   }
@@ -93,12 +98,15 @@ TEST(StatusPageTest, TopAndThePageShowTheDaemonsFigures) {
 
   const nlohmann::json status = OperatorStatus(d);
   ASSERT_EQ(status["sequence_list"].size(), 5u) << status.dump();
+  int with_lost_mass = 0;
   for (const auto& s : status["sequence_list"]) {
     if (U64(s["sequence_id"]) == quiet_id) {
       EXPECT_EQ(U64(s["length"]), 40u) << "learnt from a heartbeat, before any plan";
       EXPECT_EQ(U64(s["report"]["tokens_t0"]), 40u);
     }
+    with_lost_mass += s.contains("lost_mass");
   }
+  EXPECT_EQ(with_lost_mass, 2) << "the second worker's two sequences: " << status.dump();
 
   // kvtierctl top --once: a row per worker and sequence with the daemon's figures.
   const testing::RunResult top =
@@ -112,6 +120,12 @@ TEST(StatusPageTest, TopAndThePageShowTheDaemonsFigures) {
     EXPECT_EQ(row[3], absl::StrCat(U64(s["length"]))) << top.output;
     EXPECT_EQ(row[6], absl::StrCat(U64(s["report"]["tokens_t0"]))) << top.output;
     EXPECT_EQ(row[7], absl::StrCat(U64(s["report"]["tokens_t1"]))) << top.output;
+    if (s.contains("lost_mass")) {
+      const std::string cell =
+          absl::StrFormat("%.2f%% (peak %.2f%%)", 100 * s["lost_mass"]["total"].get<double>(),
+                          100 * s["lost_mass"]["peak_total"].get<double>());
+      EXPECT_TRUE(absl::StrContains(top.output, cell)) << cell << "\n" << top.output;
+    }
   }
   for (const auto& w : status["worker_list"]) {
     EXPECT_FALSE(Row(top.output, absl::StrCat("w", U64(w["worker_id"]))).empty()) << top.output;

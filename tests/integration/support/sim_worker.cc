@@ -122,6 +122,16 @@ absl::Status SimWorker::Step(int i, uint64_t tokens) {
   for (const Page& p : s.pages) tiers.push_back(static_cast<char>(p.tier));
   snap.set_current_tiers(tiers);
   for (float f : s.scores) snap.add_page_scores(f);
+  if (options_.report_lost_mass) {
+    double all = 0, compressed = 0, evicted = 0;
+    for (uint64_t p = 0; p < num_pages; ++p) {
+      all += s.scores[p];
+      if (s.pages[p].tier == 2) compressed += s.scores[p];
+      if (s.pages[p].tier == 3) evicted += s.scores[p];
+    }
+    snap.mutable_lost_mass()->set_compressed(all > 0 ? 0.05 * compressed / all : 0);
+    snap.mutable_lost_mass()->set_evicted_estimate(all > 0 ? evicted / all : 0);
+  }
   ASSIGN_OR_RETURN(v1::TierPlan plan, client_->SubmitSnapshot(snap));
 
   // Execute in order: read the source (checking its bytes), write the destination.

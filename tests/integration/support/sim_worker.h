@@ -33,6 +33,9 @@ struct SimWorkerOptions {
   // RegisterWorkerRequest.pool_memory (CUDA_VMM: no silent memfd fallback).
   v1::PoolMemory pool_memory = v1::POOL_MEMORY_UNSPECIFIED;
   std::string cuda_library = "libcuda.so.1";  // ClientOptions::cuda_library
+  // Snapshots carry SubmitSnapshotRequest.lost_mass: the score share of the T2 pages (times a
+  // codec error of 0.05) and of the evicted ones, as the sequence stood before the snapshot.
+  bool report_lost_mass = false;
 };
 
 struct SimStats {

@@ -68,6 +68,13 @@ v1::GetStatusResponse Sample() {
     ss->set_plans(4);
     ss->set_degraded_plans(1);
   }
+  // s11 reported its guardrail; s12 and s21 never did.
+  v1::SequenceLostMass* lost = s.mutable_sequence_list(0)->mutable_lost_mass();
+  lost->set_compressed(0.01);
+  lost->set_evicted_estimate(0.0025);
+  lost->set_total(0.0125);
+  lost->set_peak_total(0.03);
+  lost->set_reports(2);
   return s;
 }
 
@@ -88,7 +95,10 @@ TEST(StatusViewTest, WorkersComeInIdOrderEachFollowedByItsSequencesWithSums) {
   EXPECT_EQ(w1.cells[9], "0.50");
   EXPECT_EQ(w1.cells[10], "3/10");
   EXPECT_EQ(w1.cells[12], "1.2s");
-  EXPECT_EQ(v.rows[1].cells[11], "\u2014") << "lost mass: a dash until it is reported";
+  EXPECT_EQ(v.rows[1].cells[11], "1.25% (peak 3.00%)") << "s11's lost mass: total and peak";
+  EXPECT_EQ(v.rows[2].cells[11], "\u2014") << "lost mass: a dash until it is reported";
+  EXPECT_EQ(v.rows[4].cells[11], "\u2014");
+  EXPECT_EQ(w1.cells[11], "") << "a worker row has none of its own";
   EXPECT_EQ(v.rows[1].cells[10], "1/4");
   ASSERT_EQ(v.pools.size(), 2u);
   EXPECT_EQ(v.pools[0].text, "256.0 MiB / 1.0 GiB (25.0%)");
@@ -117,6 +127,7 @@ TEST(TopFrameTest, FrameHasTotalsPoolsLinksAndAlignedRows) {
   EXPECT_TRUE(absl::StrContains(frame, "256.0 MiB / 1.0 GiB (25.0%)")) << frame;
   EXPECT_TRUE(absl::StrContains(frame, "0000:3a:00.0")) << frame;
   EXPECT_TRUE(absl::StrContains(frame, "pod<x>&\"y\" (llama, pid 101)")) << frame;
+  EXPECT_TRUE(absl::StrContains(frame, "1.25% (peak 3.00%)")) << frame;
   EXPECT_FALSE(absl::StrContains(frame, "\x1b")) << "escapes belong to the terminal loop";
   // Columns line up: w1's lease age ends where its header does (numbers are right-aligned).
   std::vector<std::string> lines = absl::StrSplit(frame, '\n');
@@ -145,6 +156,8 @@ TEST(StatusPageTest, PageEscapesTextAndCarriesNoScriptOrExternalAsset) {
   EXPECT_TRUE(absl::StrContains(page, "256.0 MiB / 1.0 GiB (25.0%)"));
   EXPECT_TRUE(absl::StrContains(page, "12.5 GB/s of 25.0 GB/s granted to 2 workers"));
   EXPECT_TRUE(absl::StrContains(page, "<td>164</td>")) << "w1's T0 tokens";
+  EXPECT_TRUE(absl::StrContains(page, "<td>1.25% (peak 3.00%)</td>")) << "s11's lost mass";
+  EXPECT_TRUE(absl::StrContains(page, "<td>\u2014</td>")) << "s12's: none reported";
   EXPECT_TRUE(absl::StrContains(page, "<meta http-equiv=\"refresh\" content=\"5\">"));
   // The pool bar is a quarter full: 80 of its 320 pixels.
   EXPECT_TRUE(absl::StrContains(page, "width=\"80.0\" height=\"14\" fill=\"#1565c0\"")) << page;

@@ -1,9 +1,12 @@
 // GetStatus's live figures: sizes learnt at open and from heartbeats (not only at re-tiering),
-// plan counts and rates, lease ages and the host links (what `kvtierctl top` and the status page
-// show).
+// plan counts and rates, lease ages, the host links and the snapshots' lost attention mass (what
+// `kvtierctl top` and the status page show).
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <random>
 
 #include "tests/unit/daemon/core_test_util.h"
 
@@ -194,6 +197,59 @@ TEST(DaemonStatusTest, PlansAreCountedPerSequenceAndWorkerWithARecentRate) {
   st = OperatorView(env.core.get());
   EXPECT_EQ(st.worker_list(0).plans(), 5u);
   EXPECT_LT(st.worker_list(0).plans_per_second(), 0.01);
+}
+
+TEST(DaemonStatusTest, LostMassIsTheLatestSnapshotsWithThePeakAndUnsetUntilOneCarriesIt) {
+  Env env;
+  SimWorker w(env.core.get());
+  const v1::PolicyConfig policy = Policy("hierarchy", 0.25, 0.1, 0);
+  auto seq = w.Open(64, policy);
+  auto quiet = w.Open(64, policy);  // sends no lost mass
+  ASSERT_TRUE(seq.ok() && quiet.ok());
+  std::mt19937_64 rng(20261206);
+  std::uniform_real_distribution<double> mass(0.0, 0.05);
+  double compressed = 0, evicted = 0, peak = 0;
+  uint64_t reports = 0;
+  for (int i = 0; i < 8; ++i) {
+    v1::SubmitSnapshotRequest r = w.MakeSnapshot(*seq, 1024 + 64 * i, RampScores(64));
+    const bool carried = i == 0 || rng() % 3 != 0;  // some snapshots leave it unset
+    if (carried) {
+      compressed = mass(rng);
+      evicted = mass(rng);
+      peak = std::max(peak, compressed + evicted);
+      ++reports;
+      r.mutable_lost_mass()->set_compressed(compressed);
+      r.mutable_lost_mass()->set_evicted_estimate(evicted);
+    }
+    auto plan = env.core->SubmitSnapshot(r);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(w.Ack(*plan, true).ok());
+    auto other = w.Snapshot(*quiet, 1024 + 64 * i, RampScores(64));
+    ASSERT_TRUE(other.ok()) << other.status();
+    ASSERT_TRUE(w.Ack(*other, true).ok());
+
+    const v1::GetStatusResponse st = OperatorView(env.core.get());
+    const v1::SequenceStatus* s = Find(st, *seq);
+    ASSERT_NE(s, nullptr);
+    ASSERT_TRUE(s->has_lost_mass()) << "step " << i;
+    EXPECT_EQ(s->lost_mass().compressed(), compressed) << "step " << i;
+    EXPECT_EQ(s->lost_mass().evicted_estimate(), evicted) << "step " << i;
+    EXPECT_EQ(s->lost_mass().total(), compressed + evicted) << "step " << i;
+    EXPECT_EQ(s->lost_mass().peak_total(), peak) << "step " << i;
+    EXPECT_EQ(s->lost_mass().reports(), reports) << "step " << i;
+    const v1::SequenceStatus* q = Find(st, *quiet);
+    ASSERT_NE(q, nullptr);
+    EXPECT_FALSE(q->has_lost_mass()) << "it never sent any";
+  }
+
+  // A refused snapshot leaves the figures as they were.
+  v1::SubmitSnapshotRequest bad = w.MakeSnapshot(*seq, 4096, RampScores(64));
+  bad.mutable_lost_mass()->set_compressed(-0.5);
+  EXPECT_FALSE(env.core->SubmitSnapshot(bad).ok());
+  const v1::SequenceStatus* s = Find(OperatorView(env.core.get()), *seq);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->lost_mass().compressed(), compressed);
+  EXPECT_EQ(s->lost_mass().reports(), reports);
 }
 
 TEST(DaemonStatusTest, LeaseAndSessionAgesFollowTheClock) {
