@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
+#include "daemon/metrics.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -17,6 +19,7 @@ namespace {
 constexpr size_t kMaxSpaceName = 256;
 constexpr int kMaxKeysPerRequest = 1024;  // a request and its reply fit one datagram
 constexpr uint64_t kMinBlocksPerSpace = 16;
+constexpr char kSharedDomain[] = "shared";  // the uids of [blocks] shared_uids
 
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -36,6 +39,7 @@ struct BlockIndex::Space {
   uint64_t table_bytes = 0;
   blocks::BlockTableWriter writer;
   std::unique_ptr<blocks::BlockSpace> index;
+  blocks::BlockSpaceStats reported;  // what the metrics have heard of
 
   explicit Space(Extent a) : arena(std::move(a)) {}
   ~Space() {
@@ -44,11 +48,12 @@ struct BlockIndex::Space {
 };
 
 BlockIndex::BlockIndex(BlockOptions options, std::string label, uint64_t daemon_epoch,
-                       AllowFn allowed)
+                       Metrics* metrics, AllowFn allowed)
     : options_(std::move(options)),
       label_(std::move(label)),
       daemon_epoch_(daemon_epoch),
-      allowed_(std::move(allowed)) {}
+      allowed_(std::move(allowed)),
+      metrics_(metrics != nullptr ? &metrics->blocks() : nullptr) {}
 
 BlockIndex::~BlockIndex() = default;
 
@@ -68,7 +73,7 @@ bool BlockIndex::Handles(const v1::ChannelRequest& request) {
 std::string BlockIndex::DomainOf(const edge::PeerCredentials& peer) const {
   if (std::find(options_.shared_uids.begin(), options_.shared_uids.end(), peer.uid) !=
       options_.shared_uids.end()) {
-    return "shared";
+    return kSharedDomain;
   }
   return absl::StrCat("uid:", peer.uid);
 }
@@ -250,6 +255,7 @@ absl::StatusOr<v1::ChannelReply> BlockIndex::Handle(const edge::PeerCredentials&
   out.set_evictions(st.evictions);
   out.set_stores_no_room(st.stores_no_room);
   out.set_owners_dropped(st.owners_dropped);
+  ReportLocked();
   return reply;
 }
 
@@ -264,7 +270,30 @@ int BlockIndex::ReapLocked() {
     owners_.erase(it++);
     ++dropped;
   }
+  if (dropped > 0 && metrics_ != nullptr) {
+    metrics_->CountOwnersReaped(dropped);
+    ReportLocked();
+  }
   return dropped;
+}
+
+void BlockIndex::ReportLocked() {
+  if (metrics_ == nullptr) return;
+  using Domain = BlockMetrics::Domain;
+  std::array<uint64_t, BlockMetrics::kDomains> held{}, capacity{}, leases{};
+  for (auto& [key, space] : spaces_) {
+    const Domain domain = space->domain == kSharedDomain ? Domain::kShared : Domain::kPrivate;
+    const blocks::BlockSpaceStats now = space->index->stats();
+    metrics_->CountMoved(domain, space->reported, now);
+    space->reported = now;
+    const int d = static_cast<int>(domain);
+    held[d] += now.published * space->block_bytes;
+    capacity[d] += space->slots * space->block_bytes;
+    leases[d] += now.leases;
+  }
+  for (int d = 0; d < BlockMetrics::kDomains; ++d) {
+    metrics_->SetHeld(static_cast<Domain>(d), held[d], capacity[d], leases[d]);
+  }
 }
 
 int BlockIndex::ReapExited() {

@@ -30,12 +30,16 @@
 
 namespace kvtier::daemon {
 
+class BlockMetrics;
+class Metrics;
+
 class BlockIndex {
  public:
   // `allowed` says whether a peer may use the daemon at all ([security]); `label` names the
-  // memfds (/proc/PID/maps).
+  // memfds (/proc/PID/maps); `metrics` (may be null) hears what the spaces did.
   using AllowFn = std::function<absl::Status(const edge::PeerCredentials&)>;
-  BlockIndex(BlockOptions options, std::string label, uint64_t daemon_epoch, AllowFn allowed);
+  BlockIndex(BlockOptions options, std::string label, uint64_t daemon_epoch, Metrics* metrics,
+             AllowFn allowed);
   ~BlockIndex();
   BlockIndex(const BlockIndex&) = delete;
   BlockIndex& operator=(const BlockIndex&) = delete;
@@ -60,11 +64,14 @@ class BlockIndex {
   absl::StatusOr<std::vector<std::string>> Keys(
       const Space& space, const google::protobuf::RepeatedPtrField<std::string>& keys) const;
   int ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the metrics what the spaces' figures moved since the last report.
+  void ReportLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const BlockOptions options_;
   const std::string label_;
   const uint64_t daemon_epoch_;
   const AllowFn allowed_;
+  BlockMetrics* const metrics_;
   absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<Space>> spaces_
       ABSL_GUARDED_BY(mu_);

@@ -147,7 +147,7 @@ DaemonCoreImpl::DaemonCoreImpl(const CoreOptions& options, Clock* clock, Metrics
       id_base_(((epoch & 0x7FFFFFFFull) << 24) | 1),
       daemon_uid_(getuid()),
       daemon_gid_(getgid()),
-      blocks_(options.blocks, options.shm_prefix.substr(1), epoch,
+      blocks_(options.blocks, options.shm_prefix.substr(1), epoch, metrics,
               [this](const edge::PeerCredentials& peer) {
                 PiMutexLock lock(&mu_);
                 return AllowedLocked(options_.security, peer);

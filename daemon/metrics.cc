@@ -223,6 +223,7 @@ std::unique_ptr<Metrics> Metrics::Create() {
   f.sink_stalled = &gauge("kvtier_channel_sink_stalled_seconds",
                           "How long the descriptor sink's close under way has blocked (0 = idle).")
                         .Add({});
+  m->blocks_ = std::make_unique<BlockMetrics>(r);
   return m;
 }
 

@@ -63,6 +63,7 @@
 //   kvtier_heartbeat_lane_realtime          gauge   1 while the lane's thread runs at SCHED_FIFO
 //   kvtier_snapshot_lane_connections        gauge   the same for the snapshot lane
 //   kvtier_snapshot_lane_realtime           gauge
+// The block store (kvtier_blocks_*): daemon/block_metrics.h.
 
 #include <array>
 #include <cstdint>
@@ -71,6 +72,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/tiering/types.h"
+#include "daemon/block_metrics.h"
 
 namespace prometheus {
 class Registry;
@@ -124,6 +126,7 @@ class Metrics {
   static std::unique_ptr<Metrics> Create();
   ~Metrics();
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  BlockMetrics& blocks() { return *blocks_; }
 
   // `tier` must be T1 or T2.
   // `reserved`: extents workers hold; `spare`: extents made ahead, held by none.
@@ -164,6 +167,7 @@ class Metrics {
   struct Families;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Families> f_;
+  std::unique_ptr<BlockMetrics> blocks_;
 };
 
 absl::string_view RpcName(Metrics::Rpc rpc);

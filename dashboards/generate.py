@@ -154,6 +154,29 @@ def build():
             description="Workers reaped because they stopped heartbeating; their slots "
                         "returned to the pools.")
 
+    d.row("Block store (vLLM)")
+    d.panel("Block hit ratio",
+            [(f"sum by (domain) (rate(kvtier_blocks_hits_total{{{SEL}}}[{RATE}])) / "
+              f"(sum by (domain) (rate(kvtier_blocks_hits_total{{{SEL}}}[{RATE}])) + "
+              f"sum by (domain) (rate(kvtier_blocks_misses_total{{{SEL}}}[{RATE}])))",
+              "{{domain}}")], "percentunit", width=8, minimum=0,
+            description="Keys engines looked up in kvtierd's node-wide block store that it "
+                        "held, per trust domain kind (shared: [blocks] shared_uids; private: "
+                        "every other uid on its own). docs/vllm.md.")
+    d.panel("Blocks stored, evicted, dropped",
+            [(f"sum by (domain) (rate(kvtier_blocks_{what}_total{{{SEL}}}[{RATE}]))",
+              f"{what} {{{{domain}}}}") for what in ("stored", "evicted", "dropped")],
+            "ops", width=8, minimum=0,
+            description="dropped: stores refused because every slot was pending or leased "
+                        "(the engine drops them, as vLLM's DropStorePolicy expects).")
+    d.panel("Block store bytes and leases",
+            [(f"sum by (domain) (kvtier_blocks_held_bytes{{{SEL}}})", "held {{domain}}"),
+             (f"sum by (domain) (kvtier_blocks_capacity_bytes{{{SEL}}})",
+              "capacity {{domain}}")], "bytes", width=8, minimum=0,
+            description="Bytes of published blocks against the spaces' slots. Leases "
+                        "outstanding: kvtier_blocks_leases; owners reaped: "
+                        "kvtier_blocks_owners_reaped_total.")
+
     d.row("Errors")
     d.panel("Errors by code", [(f"sum by (code) (rate(kvtier_rpc_errors_total{{{SEL}}}"
                                 f"[{RATE}]))", "{{code}}")], "ops", minimum=0)

@@ -93,11 +93,13 @@ void BlockSpace::EndTicket(uint64_t id, Ticket& t, bool publish) {
     lru_.push_front(key);
     b.lru = lru_.begin();
     ++stats_.published;
+    ++stats_.stored;
     if (table_ != nullptr) {
       uint64_t dropped = 0;
       b.table_index = table_->Publish(key, b.slot, b.generation, &dropped);
     }
   }
+  if (!t.store) --stats_.leases;
   tickets_.erase(id);
 }
 
@@ -118,10 +120,12 @@ BlockTicket BlockSpace::Acquire(OwnerId owner, absl::Span<const std::string> key
     auto it = blocks_.find(key);
     if (it == blocks_.end() || !it->second.published) {
       out.slots.push_back(kMissing);
+      ++stats_.misses;
       continue;
     }
     Block& b = it->second;
     if (b.readers++ == 0) ++stats_.leased;
+    ++stats_.hits;
     lru_.splice(lru_.begin(), lru_, b.lru);
     t.keys.push_back(key);
     out.slots.push_back(static_cast<int64_t>(b.slot));
@@ -129,6 +133,7 @@ BlockTicket BlockSpace::Acquire(OwnerId owner, absl::Span<const std::string> key
   if (!t.keys.empty()) {
     out.ticket = next_ticket_++;
     tickets_.emplace(out.ticket, std::move(t));
+    ++stats_.leases;
   }
   return out;
 }

@@ -43,6 +43,12 @@ struct BlockSpaceStats {
   uint64_t published = 0;
   uint64_t pending = 0;
   uint64_t leased = 0;  // blocks with at least one reader
+  uint64_t leases = 0;  // lease tickets not yet released
+  // Cumulative: blocks published, keys an acquire found or did not, unread blocks evicted, keys
+  // a store found no slot for, owners whose holdings were dropped.
+  uint64_t stored = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
   uint64_t evictions = 0;
   uint64_t stores_no_room = 0;
   uint64_t owners_dropped = 0;

@@ -4,13 +4,17 @@
 #include "daemon/block_index.h"
 
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "daemon/metrics.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -23,12 +27,13 @@ edge::PeerCredentials Peer(uid_t uid, pid_t pid = getpid()) {
   return p;
 }
 
-BlockIndex MakeIndex(std::vector<uint32_t> shared = {}, uint64_t budget = 64ull << 20) {
+BlockIndex MakeIndex(std::vector<uint32_t> shared = {}, uint64_t budget = 64ull << 20,
+                     Metrics* metrics = nullptr) {
   BlockOptions o;
   o.budget_bytes = budget;
   o.space_bytes = 1 << 20;
   o.shared_uids = std::move(shared);
-  return BlockIndex(o, "kvtier-test", 7, [](const edge::PeerCredentials& p) {
+  return BlockIndex(o, "kvtier-test", 7, metrics, [](const edge::PeerCredentials& p) {
     return p.uid == 666 ? absl::PermissionDeniedError("uid 666 may not register")
                         : absl::OkStatus();
   });
@@ -86,6 +91,27 @@ int64_t AcquireKey(BlockIndex& index, const edge::PeerCredentials& peer, const s
   return lease->block().slots(0);
 }
 
+// One series of the registry: `name`{domain=`domain`}, or the unlabelled one.
+double Series(Metrics& metrics, const std::string& name, const std::string& domain = "") {
+  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      const bool match =
+          domain.empty() ? m.label.empty() : m.label.size() == 1 && m.label[0].value == domain;
+      if (!match) continue;
+      return f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    }
+  }
+  ADD_FAILURE() << "no series " << name << "{domain=\"" << domain << "\"}";
+  return -1;
+}
+
+std::string NumberedKey(int i) {
+  std::string key(36, 'n');
+  key.replace(0, std::to_string(i).size(), std::to_string(i));
+  return key;
+}
+
 TEST(BlockIndexTest, BlocksDoNotCrossUidsByDefault) {
   BlockIndex index = MakeIndex();
   EXPECT_EQ(StoreKey(index, Peer(1000), "m").domain(), "uid:1000");
@@ -127,7 +153,8 @@ TEST(BlockIndexTest, HandsOutAReadOnlyTableAndAWritableArena) {
 }
 
 TEST(BlockIndexTest, WhatADeadProcessHeldGoesWithIt) {
-  BlockIndex index = MakeIndex();
+  std::unique_ptr<Metrics> metrics = Metrics::Create();
+  BlockIndex index = MakeIndex({}, 64ull << 20, metrics.get());
   const pid_t child = fork();
   if (child == 0) {
     pause();
@@ -142,11 +169,74 @@ TEST(BlockIndexTest, WhatADeadProcessHeldGoesWithIt) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   EXPECT_EQ(index.ReapExited(), 1);
+  EXPECT_EQ(Series(*metrics, "kvtier_blocks_owners_reaped_total"), 1);
   EXPECT_EQ(AcquireKey(index, Peer(1000), "m"), blocks::kMissing);
   auto again = index.Handle(Peer(1000), Keys(true, "m", {kKey}), &fds);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->block().pending(), 1u);  // the dead writer's slot is not counted any more
   EXPECT_EQ(again->block().owners_dropped(), 1u);
+}
+
+TEST(BlockIndexTest, StoresLeasesAndEvictionsMoveTheMetrics) {
+  std::unique_ptr<Metrics> metrics = Metrics::Create();
+  BlockIndex index = MakeIndex({2000}, 64ull << 20, metrics.get());
+  auto value = [&](const std::string& name, const std::string& domain = "private") {
+    return Series(*metrics, name, domain);
+  };
+  const edge::PeerCredentials peer = Peer(1000);
+  std::vector<edge::UniqueFd> fds;
+  constexpr int kSlots = 16;
+  constexpr double kBlock = 4096;
+  v1::ChannelRequest open = Open("m");
+  open.mutable_block_open()->set_want_bytes(kSlots * 4096);
+  ASSERT_TRUE(index.Handle(peer, open, &fds).ok());
+  EXPECT_EQ(value("kvtier_blocks_capacity_bytes"), kSlots * kBlock);
+  EXPECT_EQ(value("kvtier_blocks_held_bytes"), 0);
+  EXPECT_EQ(value("kvtier_blocks_capacity_bytes", "shared"), 0);
+
+  std::vector<std::string> keys;
+  for (int i = 0; i < kSlots; ++i) keys.push_back(NumberedKey(i));
+  auto grant = index.Handle(peer, Keys(true, "m", keys), &fds);
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  EXPECT_EQ(value("kvtier_blocks_stored_total"), 0);  // pending: not stored until finished
+  ASSERT_TRUE(index.Handle(peer, Finish("m", grant->block().ticket()), &fds).ok());
+  EXPECT_EQ(value("kvtier_blocks_stored_total"), kSlots);
+  EXPECT_EQ(value("kvtier_blocks_held_bytes"), kSlots * kBlock);
+
+  std::vector<std::string> wanted = keys;
+  wanted.push_back(NumberedKey(99));
+  auto lease = index.Handle(peer, Keys(false, "m", wanted), &fds);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(value("kvtier_blocks_hits_total"), kSlots);
+  EXPECT_EQ(value("kvtier_blocks_misses_total"), 1);
+  EXPECT_EQ(value("kvtier_blocks_leases"), 1);
+
+  // Every slot leased: a store finds no room and is dropped; nothing read is evicted.
+  auto full = index.Handle(peer, Keys(true, "m", {NumberedKey(kSlots)}), &fds);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->block().slots(0), blocks::kNoRoom);
+  EXPECT_EQ(value("kvtier_blocks_dropped_total"), 1);
+  EXPECT_EQ(value("kvtier_blocks_evicted_total"), 0);
+
+  // Released: the next store evicts the least recently used block.
+  v1::ChannelRequest release;
+  release.mutable_block_release()->set_space("m");
+  release.mutable_block_release()->set_ticket(lease->block().ticket());
+  ASSERT_TRUE(index.Handle(peer, release, &fds).ok());
+  EXPECT_EQ(value("kvtier_blocks_leases"), 0);
+  auto room = index.Handle(peer, Keys(true, "m", {NumberedKey(kSlots)}), &fds);
+  ASSERT_TRUE(room.ok()) << room.status();
+  ASSERT_GE(room->block().slots(0), 0);
+  EXPECT_EQ(value("kvtier_blocks_evicted_total"), 1);
+  ASSERT_TRUE(index.Handle(peer, Finish("m", room->block().ticket()), &fds).ok());
+  EXPECT_EQ(value("kvtier_blocks_stored_total"), kSlots + 1);
+  EXPECT_EQ(value("kvtier_blocks_held_bytes"), kSlots * kBlock);
+
+  // A shared uid's blocks count in the shared domain only.
+  StoreKey(index, Peer(2000), "m");
+  EXPECT_EQ(value("kvtier_blocks_stored_total", "shared"), 1);
+  EXPECT_EQ(value("kvtier_blocks_stored_total"), kSlots + 1);
+  EXPECT_EQ(value("kvtier_blocks_capacity_bytes", "shared"), (1 << 20));
 }
 
 TEST(BlockIndexTest, BadInputIsAClearError) {
