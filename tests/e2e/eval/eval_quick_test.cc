@@ -13,6 +13,7 @@
 #include "engine/eval/grid.h"
 #include "engine/model_path.h"
 #include "gtest/gtest.h"
+#include "tests/support/csv_table.h"
 
 namespace kvtier::engine {
 namespace {
@@ -30,23 +31,8 @@ std::string ReadAll(const fs::path& p) {
   return s.str();
 }
 
-using Table = std::vector<std::map<std::string, std::string>>;
-
-Table ReadCsv(const fs::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  std::getline(in, line);
-  std::vector<std::string> header = absl::StrSplit(line, ',');
-  Table rows;
-  while (std::getline(in, line)) {
-    std::vector<std::string> f = absl::StrSplit(line, ',');
-    EXPECT_EQ(f.size(), header.size()) << line;
-    std::map<std::string, std::string> row;
-    for (size_t i = 0; i < header.size() && i < f.size(); ++i) row[header[i]] = f[i];
-    rows.push_back(row);
-  }
-  return rows;
-}
+using Table = kvtier::testing::CsvTable;
+using kvtier::testing::ReadCsv;
 
 class EvalQuick : public ::testing::Test {
  protected:
