@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -46,7 +47,10 @@ edge::UniqueFd LingeringSocket(std::vector<edge::UniqueFd>* keep) {
   return s;
 }
 
-// A unix connection with `inside` queued on it (SCM_RIGHTS, the sender's copy closed).
+// A unix connection with `inside` queued on it (SCM_RIGHTS, the sender's copy closed). Call it
+// as a statement of its own: a by-value argument closes at the end of the caller's full
+// expression, and inside `sink.Close(Carrying(...))` that is after the sink may have dropped the
+// queued copy, which would leave the last reference (and a lingering close) to the test thread.
 edge::UniqueFd Carrying(edge::UniqueFd inside) {
   int p[2];
   EXPECT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, p), 0);
@@ -75,7 +79,8 @@ TEST(DescriptorSinkTest, ClosesALingeringSocketAtOnceOffTheCallersThread) {
 TEST(DescriptorSinkTest, DrainsTheDescriptorsQueuedOnAUnixConnectionBeforeClosingIt) {
   std::vector<edge::UniqueFd> keep;
   DescriptorSink sink;
-  sink.Close(Carrying(LingeringSocket(&keep)));
+  edge::UniqueFd carrying = Carrying(LingeringSocket(&keep));
+  sink.Close(std::move(carrying));
   EXPECT_TRUE(Drained(sink, absl::Seconds(2)));  // 30 s had the queued socket lingered
 }
 
@@ -87,7 +92,9 @@ TEST(DescriptorSinkTest, AStuckCloseShowsAsStalledAndTheDestructorKeepsItsBound)
                               .log_warning = [&warned](const std::string& m) { warned = m; }});
   // Nested deeper than the sink drains: the innermost connection's close drops a lingering
   // socket that nobody could make abortive.
-  sink->Close(Carrying(Carrying(Carrying(LingeringSocket(&keep)))));
+  edge::UniqueFd nested = LingeringSocket(&keep);
+  for (int level = 0; level < 3; ++level) nested = Carrying(std::move(nested));
+  sink->Close(std::move(nested));
   sink->Close(edge::UniqueFd(dup(STDERR_FILENO)));  // waits behind it
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_GE(sink->Stalled(), absl::Milliseconds(200));
