@@ -86,6 +86,11 @@ struct StoreStats {
   // Host-to-device bytes copied into staging for attention, the next layer's prefetch included
   // (device backends; 0 on the host backend, which reads T1 in place).
   uint64_t staged_h2d_bytes = 0;
+  // The copy calls that staging issued, the descriptors they carried, and the calls that went
+  // through the batch API (device backends; a batch refused by the driver falls back for good).
+  uint64_t staged_copy_calls = 0;
+  uint64_t staged_copy_descriptors = 0;
+  uint64_t staged_batched_calls = 0;
 };
 
 // The scale attention uses: options.scale, or 1/sqrt(head_dim) when it is 0.

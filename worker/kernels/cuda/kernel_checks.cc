@@ -82,4 +82,10 @@ bool ValidScoreAccumulate(const ScoreAccumulateParams& p) {
          p.mass_stride >= p.first_length + p.rows - 1 && std::isfinite(p.weight);
 }
 
+bool ValidScoreBatch(const ScoreBatchParams& p) {
+  return p.mass != nullptr && p.lengths != nullptr && p.scores != nullptr && p.rows > 0 &&
+         p.rows <= 65535 && p.max_length > 0 && p.mass_stride >= p.max_length &&
+         std::isfinite(p.weight);
+}
+
 }  // namespace kvtier::worker::kernels::cuda
