@@ -89,6 +89,11 @@ struct StoreStats {
   // Of those, bytes copied into the resident area a schedule keeps across steps (device
   // backends: a resident page is copied once per change).
   uint64_t resident_h2d_bytes = 0;
+  // The copy calls that staging issued, the descriptors they carried, and the calls that went
+  // through the batch API (device backends; a batch refused by the driver falls back for good).
+  uint64_t staged_copy_calls = 0;
+  uint64_t staged_copy_descriptors = 0;
+  uint64_t staged_batched_calls = 0;
 };
 
 // The scale attention uses: options.scale, or 1/sqrt(head_dim) when it is 0.

@@ -40,6 +40,8 @@ absl::Status CopyIssuer::Issue(absl::Span<const CopyRun> runs, const uint8_t* sr
 #endif
     if (e == cudaSuccess) {
       ++batched_calls_;
+      ++calls_;
+      descriptors_ += runs.size();
       return absl::OkStatus();
     }
     // Older drivers or unsupported memory: clear the error and fall back for good.
@@ -51,8 +53,28 @@ absl::Status CopyIssuer::Issue(absl::Span<const CopyRun> runs, const uint8_t* sr
     KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(At(dst_base, r.dst_offset),
                                                 At(src_base, r.src_offset), r.bytes,
                                                 cudaMemcpyDefault, stream));
+    ++calls_;
+    ++descriptors_;
   }
   return absl::OkStatus();
+}
+
+absl::Status CopyIssuer::Issue(absl::Span<const StridedRun> runs, const uint8_t* src_base,
+                               uint8_t* dst_base, cudaStream_t stream) {
+  plain_.clear();
+  for (const StridedRun& r : runs) {
+    if (r.rows == 1) {
+      plain_.push_back({r.src_offset, r.dst_offset, r.bytes});
+      continue;
+    }
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(At(dst_base, r.dst_offset), r.dst_pitch,
+                                                  At(src_base, r.src_offset), r.src_pitch, r.bytes,
+                                                  r.rows, cudaMemcpyDefault, stream));
+    ++pitched_calls_;
+    ++calls_;
+    ++descriptors_;
+  }
+  return Issue(absl::Span<const CopyRun>(plain_), src_base, dst_base, stream);
 }
 
 }  // namespace kvtier::worker::cuda

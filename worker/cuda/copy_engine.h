@@ -2,7 +2,8 @@
 #define KVTIER_WORKER_CUDA_COPY_ENGINE_H_
 
 // Issues a list of byte runs as asynchronous DMA on one stream: one cudaMemcpyBatchAsync call
-// where the runtime has it (CUDA >= 12.8), else one cudaMemcpyAsync per run.
+// where the runtime has it (CUDA >= 12.8), else one cudaMemcpyAsync per run; strided runs as
+// one cudaMemcpy2DAsync each (one pitched DMA, one descriptor, however many rows).
 
 #include <cstdint>
 #include <vector>
@@ -22,16 +23,28 @@ class CopyIssuer {
   // pinned for the copies to be asynchronous. A null base makes that side's offsets addresses.
   absl::Status Issue(absl::Span<const CopyRun> runs, const uint8_t* src_base, uint8_t* dst_base,
                      cudaStream_t stream);
+  // The same for strided runs: every one-row run in one batch as above, every other run one
+  // pitched copy.
+  absl::Status Issue(absl::Span<const StridedRun> runs, const uint8_t* src_base, uint8_t* dst_base,
+                     cudaStream_t stream);
 
-  // Copies issued through the batch API (0 when it is unavailable or refused).
+  // Calls issued through the batch API (0 when it is unavailable or refused).
   uint64_t batched_calls() const { return batched_calls_; }
+  uint64_t pitched_calls() const { return pitched_calls_; }
+  // Every copy call issued, and the descriptors (copies) they carried.
+  uint64_t calls() const { return calls_; }
+  uint64_t descriptors() const { return descriptors_; }
 
  private:
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<size_t> sizes_;
+  std::vector<CopyRun> plain_;
   bool batch_refused_ = false;
   uint64_t batched_calls_ = 0;
+  uint64_t pitched_calls_ = 0;
+  uint64_t calls_ = 0;
+  uint64_t descriptors_ = 0;
 };
 
 }  // namespace kvtier::worker::cuda

@@ -118,7 +118,8 @@ struct PageTable {
   uint8_t* dev = nullptr;
   uint64_t capacity = 0;
   cudaEvent_t uploaded = nullptr;
-  // Of the last upload: [pages] entries, then [queries] page offsets, then [queries] lengths.
+  // Of the last upload: [pages] entries, then [queries] page offsets, then [queries] lengths,
+  // then [queries] pointers to the cumulative score each query's mass goes to.
   uint64_t pages = 0;
   uint32_t queries = 0;
 };
@@ -144,6 +145,13 @@ void Widen(const uint8_t* src, uint64_t values, float* dst) {
 void Narrow(const float* src, uint64_t values, uint8_t* dst) {
   auto* bits = reinterpret_cast<uint16_t*>(dst);
   for (uint64_t i = 0; i < values; ++i) bits[i] = kc::F32ToBf16Bits(src[i]);
+}
+
+void CountStaging(const StagedLayer& staged, StoreStats& stats) {
+  stats.staged_h2d_bytes += staged.copied_bytes;
+  stats.staged_copy_calls += staged.copy_calls;
+  stats.staged_copy_descriptors += staged.copy_descriptors;
+  stats.staged_batched_calls += staged.batched_calls;
 }
 
 // Device buffer that only grows (contents are not kept).
@@ -597,8 +605,13 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPa
   for (const LaunchPart& part : parts) {
     pages += g.NumPages(part.call->length);
     queries += part.call->n;
+    // Before the table names the score rows: growing them moves them.
+    RETURN_IF_ERROR(part.owner->EnsureScores(part.call->length));
   }
-  const uint64_t bytes = pages * sizeof(void*) + 2 * uint64_t{queries} * sizeof(int32_t);
+  // Pointers first, then the int32 arrays (2 × queries × 4 bytes: the pointers after them stay
+  // aligned).
+  const uint64_t bytes =
+      pages * sizeof(void*) + 2 * uint64_t{queries} * sizeof(int32_t) + queries * sizeof(float*);
   PageTable& t = tables_[next_table_];
   next_table_ = (next_table_ + 1) % tables_.size();
   if (t.uploaded == nullptr) {
@@ -621,6 +634,7 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPa
   auto* entries = reinterpret_cast<const void**>(t.host);
   auto* indptr = reinterpret_cast<int32_t*>(t.host + pages * sizeof(void*));
   int32_t* lengths = indptr + queries;
+  auto* score_rows = reinterpret_cast<float**>(lengths + queries);
   uint64_t first = 0;
   uint32_t row = 0;
   for (const LaunchPart& part : parts) {
@@ -635,9 +649,11 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPa
     }
     // Query b of the call sits at position length - n + b: one "sequence" per query over the
     // call's pages.
+    float* scores = part.owner->scores_ + uint64_t{call.group} * part.owner->score_capacity_;
     for (uint32_t b = 0; b < call.n; ++b, ++row) {
       indptr[row] = static_cast<int32_t>(first);
       lengths[row] = static_cast<int32_t>(call.length - call.n + b + 1);
+      score_rows[row] = scores;
     }
     first += n_pages;
   }
@@ -685,11 +701,9 @@ absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts
   const int32_t* lengths = indptr + table.queries;
   const int32_t* host_lengths =
       reinterpret_cast<const int32_t*>(table.host + table.pages * sizeof(void*)) + table.queries;
+  auto* const* score_rows = reinterpret_cast<float* const*>(lengths + table.queries);
   uint32_t max_length = 0;
-  for (const LaunchPart& part : parts) {
-    max_length = std::max(max_length, part.call->length);
-    RETURN_IF_ERROR(part.owner->EnsureScores(part.call->length));
-  }
+  for (const LaunchPart& part : parts) max_length = std::max(max_length, part.call->length);
   const uint32_t batch = std::min(table.queries, kMaxBatch);
   RETURN_IF_ERROR(
       Grow(&workspace_, &workspace_floats_,
@@ -711,31 +725,28 @@ absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts
     p.max_length =
         static_cast<uint32_t>(*std::max_element(host_lengths + r0, host_lengths + r0 + rows));
     KVTIER_CUDA_RETURN_IF_ERROR(kc::PagedDecodeAttention(p, compute_));
-    // Each part's rows of this chunk go to its own cumulative score.
-    uint32_t begin = 0;
-    for (const LaunchPart& part : parts) {
-      const AttendCall& call = *part.call;
-      const uint32_t lo = std::max(r0, begin), hi = std::min(r0 + rows, begin + call.n);
-      if (lo < hi) {
-        kc::ScoreAccumulateParams s;
-        s.mass = mass_ + uint64_t{lo - r0} * max_length;
-        s.rows = hi - lo;
-        s.mass_stride = max_length;
-        s.first_length = call.length - call.n + (lo - begin) + 1;
-        s.weight = weight;
-        s.scores = part.owner->scores_ + uint64_t{call.group} * part.owner->score_capacity_;
-        KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScores(s, compute_));
-      }
-      begin += call.n;
-    }
+    // Each row's mass goes to its own store's cumulative score: one launch for the chunk.
+    kc::ScoreBatchParams s;
+    s.mass = mass_;
+    s.rows = rows;
+    s.mass_stride = max_length;
+    s.max_length = p.max_length;
+    s.lengths = lengths + r0;
+    s.scores = score_rows + r0;
+    s.weight = weight;
+    KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScoresBatch(s, compute_));
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, bool split, StoreStats& stats) {
-  // One layer ahead, within the group (the pages of another group are another table).
-  const uint32_t next = call.layer + 1;
+  // One layer ahead, within the group (the pages of another group are another table). After
+  // the last layer, layer 0 of the next step, whose pages are this step's unless a plan moves
+  // them (the planner then copies what changed): with one group only, since with several the
+  // next layer to run is another group's, whose slot the wrap could hold.
   const layout::KvGeometry& g = layout_.geometry;
+  uint32_t next = call.layer + 1;
+  if (next == g.num_layers && g.layer_groups == 1) next = 0;
   if (stager_ == nullptr || next >= g.num_layers || g.GroupOfLayer(next) != call.group) {
     return absl::OkStatus();
   }
@@ -744,7 +755,7 @@ absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, bool split, Sto
   if (!resident_requests_.empty() && next < stager_->resident_layers() &&
       resident_requests_.size() <= stager_->resident_entries()) {
     ASSIGN_OR_RETURN(StagedLayer staged, stager_->PrefetchResident(next, resident_requests_));
-    stats.staged_h2d_bytes += staged.copied_bytes;
+    CountStaging(staged, stats);
     stats.resident_h2d_bytes += staged.copied_bytes;
   }
   if (requests_.empty() || !stager_->CanPrefetch(next) ||
@@ -752,7 +763,7 @@ absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, bool split, Sto
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(StagedLayer staged, stager_->Prefetch(next, requests_));
-  stats.staged_h2d_bytes += staged.copied_bytes;
+  CountStaging(staged, stats);
   return absl::OkStatus();
 }
 
@@ -780,7 +791,7 @@ absl::Status CudaKvBackend::StageFor(const AttendCall& call, bool split, StoreSt
   if (!resident_requests_.empty()) {
     RETURN_IF_ERROR(EnsureResidentArea(static_cast<uint32_t>(resident_requests_.size())));
     ASSIGN_OR_RETURN(StagedLayer kept, stager_->PrefetchResident(call.layer, resident_requests_));
-    stats.staged_h2d_bytes += kept.copied_bytes;
+    CountStaging(kept, stats);
     stats.resident_h2d_bytes += kept.copied_bytes;
     for (size_t i = 0; i < resident_pages_.size(); ++i) {
       (*staged)[resident_pages_[i]] = kept.blocks[i];
@@ -788,7 +799,7 @@ absl::Status CudaKvBackend::StageFor(const AttendCall& call, bool split, StoreSt
   }
   if (!requests_.empty()) {
     ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
-    stats.staged_h2d_bytes += layer.copied_bytes;
+    CountStaging(layer, stats);
     for (size_t i = 0; i < request_pages_.size(); ++i) {
       (*staged)[request_pages_[i]] = layer.blocks[i];
     }

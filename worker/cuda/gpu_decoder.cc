@@ -168,10 +168,16 @@ absl::Status GpuDecoder::Layer(uint32_t l) {
   return absl::OkStatus();
 }
 
-uint64_t GpuDecoder::StagedBytes() const {
-  uint64_t n = 0;
-  for (const auto& s : sequences_) n += s->store().stats().staged_h2d_bytes;
-  return n;
+GpuDecoder::Staging GpuDecoder::StagingTotals() const {
+  Staging t;
+  for (const auto& s : sequences_) {
+    const StoreStats& st = s->store().stats();
+    t.bytes += st.staged_h2d_bytes;
+    t.calls += st.staged_copy_calls;
+    t.descriptors += st.staged_copy_descriptors;
+    t.batched += st.staged_batched_calls;
+  }
+  return t;
 }
 
 absl::Status GpuDecoder::Step() {
@@ -181,7 +187,7 @@ absl::Status GpuDecoder::Step() {
   }
   const SyntheticModelConfig& m = model_.config();
   const uint32_t b = options_.batch;
-  const uint64_t staged_before = StagedBytes();
+  const Staging before = StagingTotals();
   KVTIER_CUDA_RETURN_IF_ERROR(
       kc::EmbedTokens(model_.embedding(), tokens_dev_, b, m.hidden, x_, stream_));
   for (uint32_t l = 0; l < m.num_layers; ++l) RETURN_IF_ERROR(Layer(l));
@@ -191,7 +197,9 @@ absl::Status GpuDecoder::Step() {
   KVTIER_CUDA_RETURN_IF_ERROR(kc::ArgmaxRows(logits_, b, m.vocab, tokens_dev_, stream_));
   // The store keeps the lengths.
   KVTIER_CUDA_RETURN_IF_ERROR(kc::AdvancePositions(positions_dev_, nullptr, b, stream_));
-  last_step_h2d_ = StagedBytes() - staged_before;
+  const Staging after = StagingTotals();
+  last_step_ = {after.bytes - before.bytes, after.calls - before.calls,
+                after.descriptors - before.descriptors, after.batched - before.batched};
   ++steps_;
   return absl::OkStatus();
 }
@@ -218,7 +226,10 @@ DecoderStats GpuDecoder::stats() const {
   }
   s.t1_pool_bytes = s.t1_pages * config_.page_bytes;
   s.arena_bytes = runtime_->arena().used_bytes();
-  s.last_step_h2d_bytes = last_step_h2d_;
+  s.last_step_h2d_bytes = last_step_.bytes;
+  s.last_step_copy_calls = last_step_.calls;
+  s.last_step_copy_descriptors = last_step_.descriptors;
+  s.batched_calls = StagingTotals().batched;
   return s;
 }
 

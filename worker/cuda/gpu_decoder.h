@@ -40,12 +40,15 @@ struct DecoderStats {
   uint64_t t0_pages = 0;  // pages now in each tier, every sequence together
   uint64_t t1_pages = 0;
   uint64_t evicted_pages = 0;
-  uint64_t arena_bytes = 0;          // T0 bytes in use (the device arena)
-  uint64_t t1_pool_bytes = 0;        // host bytes holding T1 pages now
-  uint64_t last_step_h2d_bytes = 0;  // staging bytes issued by the last Step()
-  uint64_t offload_d2h_bytes = 0;    // T0 -> T1 bytes moved by plans so far
-  uint64_t promote_h2d_bytes = 0;    // T1 -> T0 bytes moved by plans so far
-  uint64_t plans = 0;                // plans applied, every sequence together
+  uint64_t arena_bytes = 0;                 // T0 bytes in use (the device arena)
+  uint64_t t1_pool_bytes = 0;               // host bytes holding T1 pages now
+  uint64_t last_step_h2d_bytes = 0;         // staging bytes issued by the last Step()
+  uint64_t last_step_copy_calls = 0;        // staging copy calls of the last Step()
+  uint64_t last_step_copy_descriptors = 0;  // and the copies (DMA descriptors) they carried
+  uint64_t batched_calls = 0;               // staging calls through cudaMemcpyBatchAsync so far
+  uint64_t offload_d2h_bytes = 0;           // T0 -> T1 bytes moved by plans so far
+  uint64_t promote_h2d_bytes = 0;           // T1 -> T0 bytes moved by plans so far
+  uint64_t plans = 0;                       // plans applied, every sequence together
 };
 
 // Not thread-safe: one host thread drives it. The model outlives it.
@@ -83,7 +86,11 @@ class GpuDecoder {
   absl::Status FillContext();
   absl::Status Layer(uint32_t l);
   absl::Status Gemm(const uint16_t* w, uint32_t out, uint32_t in, const uint16_t* x, float* y);
-  uint64_t StagedBytes() const;
+  // Staging totals of every sequence's store so far.
+  struct Staging {
+    uint64_t bytes = 0, calls = 0, descriptors = 0, batched = 0;
+  };
+  Staging StagingTotals() const;
 
   const SyntheticModel& model_;
   const DecoderOptions options_;
@@ -94,7 +101,7 @@ class GpuDecoder {
   std::unique_ptr<WorkerRuntime> runtime_;
   std::vector<std::unique_ptr<TieredSequence>> sequences_;
   std::vector<TieredSequence*> batch_;  // sequences_, for AttendBatch
-  uint64_t last_step_h2d_ = 0;
+  Staging last_step_;                   // staging of the last Step()
   uint32_t steps_ = 0;
   // Device buffers.
   int32_t* positions_dev_ = nullptr;

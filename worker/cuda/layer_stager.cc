@@ -244,12 +244,18 @@ absl::StatusOr<StagedLayer> LayerStager::StageInto(StagingPlanner& planner,
     staged.blocks.push_back(slot.blocks + entry * block);
   // The slot's entries may still be read by the attention that last used it.
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, slot.consumed, 0));
+  const uint64_t calls = h2d_issuer_.calls(), descriptors = h2d_issuer_.descriptors(),
+                 batched = h2d_issuer_.batched_calls();
   runs_ = CoalesceFullCopies(plan->copies, block, t1_->chunk_bytes());
-  absl::Status s = h2d_issuer_.Issue(runs_, t1_->base(), slot.blocks, h2d_);
+  absl::Status s =
+      h2d_issuer_.Issue(GroupStrided(runs_, t1_->chunk_bytes()), t1_->base(), slot.blocks, h2d_);
   if (!s.ok()) return s;
   for (const CopyRun& r : runs_) staged.copied_bytes += r.bytes;
   s = DequantizeInto(slot, *plan);
   if (!s.ok()) return s;
+  staged.copy_calls = h2d_issuer_.calls() - calls;
+  staged.copy_descriptors = h2d_issuer_.descriptors() - descriptors;
+  staged.batched_calls = h2d_issuer_.batched_calls() - batched;
   for (const StageCopy& c : plan->copies) {
     if (c.source == StageSource::kCompressed) staged.copied_bytes += c.bytes;
   }
@@ -282,9 +288,11 @@ absl::Status LayerStager::DequantizeInto(Slot& slot, const LayerStagePlan& plan)
     slot.ptrs_host[2 * n + i] = out;
     slot.ptrs_host[3 * n + i] = out + block / 2;
   }
-  // Codes: one batch of DMAs, cut where the pool's pinned chunks end.
-  absl::Status s =
-      h2d_issuer_.Issue(CoalesceRuns(runs, t2_->chunk_bytes()), t2_->base(), slot.compressed, h2d_);
+  // Codes: one batch of DMAs (pitched where the slots are evenly spaced), cut where the pool's
+  // pinned chunks end.
+  const uint64_t chunk = t2_->chunk_bytes();
+  absl::Status s = h2d_issuer_.Issue(GroupStrided(CoalesceRuns(runs, chunk), chunk), t2_->base(),
+                                     slot.compressed, h2d_);
   if (!s.ok()) return s;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.ptrs_dev, slot.ptrs_host, 4 * n * sizeof(void*),
                                               cudaMemcpyHostToDevice, h2d_));

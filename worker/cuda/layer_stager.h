@@ -58,6 +58,11 @@ struct StagedLayer {
   std::vector<uint8_t*> blocks;  // per request, in request order
   uint64_t copied_bytes = 0;     // host -> device bytes this call issued
   uint32_t reused = 0;
+  // Copy calls this call issued, the descriptors they carried, and how many calls went through
+  // the batch API (CopyIssuer).
+  uint64_t copy_calls = 0;
+  uint64_t copy_descriptors = 0;
+  uint64_t batched_calls = 0;
 };
 
 struct OffloadOp {

@@ -1,6 +1,7 @@
 #include "worker/cuda/staging_plan.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -48,16 +49,25 @@ absl::StatusOr<LayerStagePlan> StagingPlanner::Plan(uint32_t layer,
       used[it->second.entry] = true;
     }
   }
-  uint32_t next_free = 0;
   plan.entry_of_request.resize(requests.size());
+  std::vector<uint32_t> to_copy;
   for (uint32_t i = 0; i < requests.size(); ++i) {
-    const StageRequest& r = requests[i];
-    auto it = kept.find(r.page_id);
+    auto it = kept.find(requests[i].page_id);
     if (it != kept.end()) {
       plan.entry_of_request[i] = it->second.entry;
       ++plan.reused;
-      continue;
+    } else {
+      to_copy.push_back(i);
     }
+  }
+  // In source order, so that neighbours in the pool are neighbours in staging.
+  std::stable_sort(to_copy.begin(), to_copy.end(), [&](uint32_t a, uint32_t b) {
+    return std::make_pair(requests[a].source, requests[a].src_offset) <
+           std::make_pair(requests[b].source, requests[b].src_offset);
+  });
+  uint32_t next_free = 0;
+  for (uint32_t i : to_copy) {
+    const StageRequest& r = requests[i];
     while (used[next_free]) ++next_free;  // fits: requests.size() <= entries
     used[next_free] = true;
     kept.emplace(r.page_id, Staged{next_free, r.version});
@@ -110,6 +120,44 @@ std::vector<CopyRun> CoalesceFullCopies(absl::Span<const StageCopy> copies, uint
 std::vector<CopyRun> CoalesceRuns(absl::Span<const CopyRun> runs, uint64_t src_split_bytes) {
   std::vector<CopyRun> out;
   for (const CopyRun& r : runs) Append(r.src_offset, r.dst_offset, r.bytes, src_split_bytes, &out);
+  return out;
+}
+
+namespace {
+
+// Whether `r` is the next row of `g`: same size, both sides one pitch further, within the
+// source chunk of g's first row.
+bool ExtendsStrided(const StridedRun& g, const CopyRun& r, uint64_t split) {
+  if (r.bytes != g.bytes || r.src_offset <= g.src_offset || r.dst_offset <= g.dst_offset) {
+    return false;
+  }
+  if (split > 0 && g.src_offset / split != (r.src_offset + r.bytes - 1) / split) return false;
+  const uint64_t src_pitch = g.rows == 1 ? r.src_offset - g.src_offset : g.src_pitch;
+  const uint64_t dst_pitch = g.rows == 1 ? r.dst_offset - g.dst_offset : g.dst_pitch;
+  if (src_pitch < g.bytes || dst_pitch < g.bytes || src_pitch > kMaxCopyPitch ||
+      dst_pitch > kMaxCopyPitch) {
+    return false;
+  }
+  return r.src_offset == g.src_offset + g.rows * src_pitch &&
+         r.dst_offset == g.dst_offset + g.rows * dst_pitch;
+}
+
+}  // namespace
+
+std::vector<StridedRun> GroupStrided(absl::Span<const CopyRun> runs, uint64_t src_split_bytes) {
+  std::vector<StridedRun> out;
+  for (const CopyRun& r : runs) {
+    if (!out.empty() && ExtendsStrided(out.back(), r, src_split_bytes)) {
+      StridedRun& g = out.back();
+      if (g.rows == 1) {
+        g.src_pitch = r.src_offset - g.src_offset;
+        g.dst_pitch = r.dst_offset - g.dst_offset;
+      }
+      ++g.rows;
+      continue;
+    }
+    out.push_back({r.src_offset, r.dst_offset, r.bytes, 1, 0, 0});
+  }
   return out;
 }
 

@@ -58,7 +58,10 @@ class StagingPlanner {
 
   // Plans layer `layer`'s staging. INVALID_ARGUMENT on duplicate page ids or zero bytes;
   // RESOURCE_EXHAUSTED when the requests exceed entries_per_slot (nothing changes then).
-  // Entries are handed out lowest first, so a fresh plan places requests contiguously.
+  // Free entries are handed out lowest first to the pages to copy in source order (full blocks
+  // by source offset, then compressed ones), and `copies` lists them so: a fresh plan is
+  // contiguous in staging, and pages evenly spaced in the pool become one run or one pitched
+  // copy (GroupStrided), whatever order the requests name them in.
   absl::StatusOr<LayerStagePlan> Plan(uint32_t layer, absl::Span<const StageRequest> requests);
 
   // Forgets a page everywhere (its host copy is gone or changed without a version bump).
@@ -100,6 +103,28 @@ std::vector<CopyRun> CoalesceFullCopies(absl::Span<const StageCopy> copies, uint
 
 // Merges and cuts arbitrary runs the same way (used for offloads too). Input order is kept.
 std::vector<CopyRun> CoalesceRuns(absl::Span<const CopyRun> runs, uint64_t src_split_bytes);
+
+// Most bytes between the starts of two rows of a pitched copy (the devices'
+// cudaDevAttrMaxPitch, 2^31 - 1 on current GPUs).
+inline constexpr uint64_t kMaxCopyPitch = (uint64_t{1} << 31) - 1;
+
+// `rows` copies of `bytes`: row i from src_offset + i * src_pitch to dst_offset + i * dst_pitch.
+// One row is a plain run; more are one pitched DMA (cudaMemcpy2DAsync), one descriptor.
+struct StridedRun {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;  // of each row
+  uint64_t rows = 1;
+  uint64_t src_pitch = 0;  // >= bytes when rows > 1
+  uint64_t dst_pitch = 0;
+};
+
+// Groups consecutive runs of one size whose sources and destinations advance by constant pitches
+// (each at least the size and at most kMaxCopyPitch) into strided runs; a group never spans a
+// multiple of `src_split_bytes` on the source side (0 = no cut). Input order is kept: the rows of
+// a group are consecutive input runs. With the store's layout (a T1 slot = one page of every
+// layer) one layer's blocks of pages in consecutive slots are page_bytes apart: one strided run.
+std::vector<StridedRun> GroupStrided(absl::Span<const CopyRun> runs, uint64_t src_split_bytes);
 
 }  // namespace kvtier::worker::cuda
 

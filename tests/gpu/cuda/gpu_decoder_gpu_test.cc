@@ -4,6 +4,7 @@
 // host memory; the staging moves exactly the T1 bytes the double-buffered slots call for; pages
 // leave T0 by the policy's plans.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -31,8 +32,11 @@ SyntheticModelConfig Small(uint32_t head_dim) {
 struct DecodeRun {
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> tokens;
-  std::vector<uint64_t> h2d;               // staging bytes per step
-  std::vector<std::vector<float>> scores;  // [sequence] cumulative, as of the last re-tiering
+  std::vector<uint64_t> h2d;                    // staging bytes per step
+  std::vector<uint64_t> descriptors;            // staging copy descriptors per step
+  std::vector<uint64_t> calls;                  // staging copy calls per step
+  std::vector<std::vector<uint64_t>> t1_slots;  // [sequence] T1 slot offsets, at the end
+  std::vector<std::vector<float>> scores;       // [sequence] cumulative, as of the last re-tiering
   DecoderStats stats;
 };
 
@@ -62,10 +66,16 @@ class GpuDecoderGpuTest : public ::testing::TestWithParam<std::tuple<uint32_t, b
       run.logits.push_back(logits);
       run.tokens.push_back(tokens);
       run.h2d.push_back((*d)->stats().last_step_h2d_bytes);
+      run.descriptors.push_back((*d)->stats().last_step_copy_descriptors);
+      run.calls.push_back((*d)->stats().last_step_copy_calls);
     }
     for (uint32_t b = 0; b < o.batch; ++b) {
       absl::Span<const float> s = (*d)->sequence(b).scores().TokenScores(0);
       run.scores.emplace_back(s.begin(), s.end());
+      run.t1_slots.emplace_back();
+      for (const ReleasedSlot& slot : (*d)->sequence(b).store().HeldSlots()) {
+        if (slot.kind == PoolKind::kDdr) run.t1_slots.back().push_back(slot.offset);
+      }
     }
     run.stats = (*d)->stats();
     return run;
@@ -142,14 +152,54 @@ TEST_P(GpuDecoderGpuTest, TwoSlotsRecopyTheT1BytesOfTheLayersThatShareASlot) {
   ASSERT_GT(per_layer, 0u);
   // Three layers on the backend's two slots (slot = layer % 2): layers 0 and 2 share slot 0,
   // so each step re-copies both; layer 1 keeps slot 1 and its unchanged pages are not copied
-  // again (differential staging). Step 0 stages nothing (all T0); step 1 copies all 3 layers.
+  // again (differential staging). After layer 2, layer 0 of the next step is prefetched (the
+  // wrap), so a step's layer 0 finds its pages staged. Step 0 stages nothing (all T0); step 1
+  // copies layers 0, 1 and 2, and layer 0 again for step 2.
   EXPECT_EQ(tiered.h2d[0], 0u);
-  EXPECT_EQ(tiered.h2d[1], 3 * per_layer);
+  EXPECT_EQ(tiered.h2d[1], 4 * per_layer);
   EXPECT_EQ(tiered.h2d[2], 2 * per_layer);
   EXPECT_EQ(tiered.h2d[3], 2 * per_layer);
   EXPECT_GT(tiered.stats.evicted_pages, 0u);
   for (const auto& logits : tiered.logits) {
     for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+// Runs of T1 pages whose slots are evenly spaced in the pool, in slot order (what one strided
+// copy per run moves): the descriptors a staged layer of this sequence needs.
+uint64_t StridedRunsOfSlots(std::vector<uint64_t> slots) {
+  std::sort(slots.begin(), slots.end());
+  uint64_t runs = 0;
+  for (size_t i = 0; i < slots.size();) {
+    size_t j = i + 1;
+    if (j < slots.size()) {
+      const uint64_t pitch = slots[j] - slots[i];
+      while (j + 1 < slots.size() && slots[j + 1] - slots[j] == pitch) ++j;
+      ++j;
+    }
+    ++runs;
+    i = j;
+  }
+  return runs;
+}
+
+// Staging issues one descriptor per run of evenly spaced T1 slots and staged layer, not one per
+// page and layer (the count follows from the slots the plans gave each sequence), and the
+// attention reading the staged blocks stays bit-identical to full (the test above).
+TEST_P(GpuDecoderGpuTest, StagingIssuesOneDescriptorPerEvenlySpacedRunOfSlots) {
+  const DecodeRun tiered = Decode(Options(KvMode::kHierarchy, 0.03, 64), 4);
+  ASSERT_EQ(tiered.h2d.size(), 4u);
+  const uint64_t per_layer = tiered.stats.t1_pages * BlockBytes();
+  ASSERT_GT(per_layer, 0u);
+  uint64_t runs = 0;
+  for (const std::vector<uint64_t>& slots : tiered.t1_slots) runs += StridedRunsOfSlots(slots);
+  EXPECT_LT(runs, tiered.stats.t1_pages);  // a real merge, not one page per descriptor
+  for (int s = 1; s < 4; ++s) {
+    ASSERT_EQ(tiered.h2d[s] % per_layer, 0u) << "step " << s;
+    const uint64_t layers = tiered.h2d[s] / per_layer;  // staged layers, every sequence's
+    EXPECT_GT(layers, 0u);
+    EXPECT_EQ(tiered.descriptors[s], layers * runs) << "step " << s;
+    EXPECT_LE(tiered.calls[s], tiered.descriptors[s]) << "step " << s;
   }
 }
 

@@ -364,5 +364,52 @@ TEST(AccumulateScoresGpuTest, EqualsTheCpuReferenceBitForBit) {
   EXPECT_EQ(AccumulateScores(p, nullptr), cudaErrorInvalidValue);
 }
 
+// One launch for the rows of several sequences (one of them a prefill's three rows) gives each
+// sequence's scores the bits of the CPU reference, row by row in order.
+TEST(AccumulateScoresGpuTest, ABatchGivesEachSequenceTheCpuReferenceBitForBit) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  std::uniform_real_distribution<float> u(0.f, 3.f);
+  const std::vector<int32_t> lengths = {100, 50, 51, 52, 77};
+  const std::vector<int> owner = {0, 1, 1, 1, 2};  // rows 1..3: one sequence's prefill
+  const uint32_t rows = 5, stride = 128, max_length = 100;
+  std::vector<float> mass(rows * stride);
+  for (float& m : mass) m = u(rng);
+  std::vector<std::vector<float>> scores = {std::vector<float>(100), std::vector<float>(52),
+                                            std::vector<float>(77)};
+  for (auto& row : scores) {
+    for (float& x : row) x = u(rng);
+  }
+  const float weight = tiering::DeviceMassWeight(28, 28);
+  std::vector<std::vector<float>> expected = scores;
+  for (uint32_t b = 0; b < rows; ++b) {
+    tiering::AccumulateDeviceMass(absl::MakeConstSpan(mass).subspan(b * stride, lengths[b]), weight,
+                                  absl::MakeSpan(expected[owner[b]]));
+  }
+  DeviceBuffer<float> dm(mass), s0(scores[0]), s1(scores[1]), s2(scores[2]);
+  DeviceBuffer<int32_t> dl(lengths);
+  float* const seq[] = {s0.get(), s1.get(), s2.get()};
+  std::vector<float*> rows_scores;
+  for (int o : owner) rows_scores.push_back(seq[o]);
+  DeviceBuffer<float*> dp(rows_scores);
+  ScoreBatchParams p;
+  p.mass = dm.get();
+  p.rows = rows;
+  p.mass_stride = stride;
+  p.max_length = max_length;
+  p.lengths = dl.get();
+  p.scores = dp.get();
+  p.weight = weight;
+  ASSERT_CUDA_OK(AccumulateScoresBatch(p, nullptr));
+  const std::vector<std::vector<float>> got = {s0.Download(), s1.Download(), s2.Download()};
+  for (int q = 0; q < 3; ++q) {
+    ASSERT_EQ(got[q].size(), expected[q].size());
+    EXPECT_EQ(0, std::memcmp(got[q].data(), expected[q].data(), got[q].size() * sizeof(float)))
+        << "sequence " << q;
+  }
+  p.mass_stride = max_length - 1;  // shorter than the longest row
+  EXPECT_EQ(AccumulateScoresBatch(p, nullptr), cudaErrorInvalidValue);
+}
+
 }  // namespace
 }  // namespace kvtier::worker::kernels::cuda

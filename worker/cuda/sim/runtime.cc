@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "worker/cuda/sim/copy_trace.h"
+#include "worker/cuda/sim/counters.h"
 #include "worker/cuda/sim/cuda_runtime_sim.h"
 #include "worker/cuda/sim/device_memory.h"
 #include "worker/cuda/sim/streams.h"
@@ -20,6 +21,14 @@ int Devices() {
     return env != nullptr ? std::atoi(env) : 1;
   }();
   return n;
+}
+
+// One runtime call of the host's (Count*), one that blocks it on the device, one copy call.
+void Called() { Count(Counter::kRuntimeCall); }
+void Waited() { Count(Counter::kHostWait); }
+void CopyCalled(uint64_t descriptors) {
+  Count(Counter::kCopyCall);
+  Count(Counter::kCopyDescriptor, descriptors);
 }
 
 // Synchronizing calls return the device's fault once it has one.
@@ -83,6 +92,9 @@ cudaError_t Issue(std::vector<Copy> copies, cudaStream_t stream) {
       c.src = (*staged)[i].data();
     }
     if (!Pinned(c.d)) wait = true;
+    if (c.d.range.kind == MemoryKind::kDevice && c.s.range.kind != MemoryKind::kDevice) {
+      Count(Counter::kH2dBytes, c.bytes);
+    }
   }
   Submit(*st, Op{[copies, staged] {
                    for (const Copy& c : copies) {
@@ -94,6 +106,7 @@ cudaError_t Issue(std::vector<Copy> copies, cudaStream_t stream) {
                  },
                  nullptr, false});
   if (wait) {
+    Waited();
     st->Synchronize();
     return Synced();
   }
@@ -101,6 +114,14 @@ cudaError_t Issue(std::vector<Copy> copies, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// The entry points' work, uncounted: what other entry points call.
+cudaError_t MallocHost(void** ptr, size_t bytes);
+cudaError_t StreamSynchronize(cudaStream_t stream);
+cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                        cudaStream_t stream);
+cudaError_t MemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream);
+
 }  // namespace kvtier::cudasim
 
 namespace cs = kvtier::cudasim;
@@ -166,21 +187,26 @@ cudaError_t cudaGetLastError() { return cs::TakeLastError(); }
 cudaError_t cudaPeekAtLastError() { return cs::PeekLastError(); }
 
 cudaError_t cudaGetDeviceCount(int* count) {
+  cs::Called();
   if (count == nullptr) return cs::Fail(cudaErrorInvalidValue);
   *count = cs::Devices();
   return cs::Devices() > 0 ? cudaSuccess : cs::Fail(cudaErrorNoDevice);
 }
 
 cudaError_t cudaSetDevice(int device) {
+  cs::Called();
   return device >= 0 && device < cs::Devices() ? cudaSuccess : cs::Fail(cudaErrorInvalidDevice);
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  cs::Called();
+  cs::Waited();
   cs::SynchronizeAll();
   return cs::Synced();
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  cs::Called();
   if (ptr == nullptr) return cs::Fail(cudaErrorInvalidValue);
   if (cs::Devices() == 0) return cs::Fail(cudaErrorNoDevice);
   *ptr = bytes == 0 ? nullptr : cs::AllocateGuarded(bytes, cs::MemoryKind::kDevice);
@@ -189,24 +215,33 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 
 // cudaFree synchronizes the device first, as the runtime does.
 cudaError_t cudaFree(void* ptr) {
+  cs::Called();
   if (ptr == nullptr) return cudaSuccess;
+  cs::Waited();
   cs::SynchronizeAll();
   return cs::FreeGuarded(ptr, cs::MemoryKind::kDevice) ? cs::Synced()
                                                        : cs::Fail(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  cs::Called();
+  return cs::MallocHost(ptr, bytes);
+}
+
+cudaError_t cs::MallocHost(void** ptr, size_t bytes) {
   if (ptr == nullptr) return cs::Fail(cudaErrorInvalidValue);
   *ptr = bytes == 0 ? nullptr : cs::AllocateGuarded(bytes, cs::MemoryKind::kPinnedHost);
   return bytes == 0 || *ptr != nullptr ? cudaSuccess : cs::Fail(cudaErrorMemoryAllocation);
 }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
+  cs::Called();
   if (flags > (cudaHostAllocPortable | cudaHostAllocMapped)) return cs::Fail(cudaErrorInvalidValue);
-  return cudaMallocHost(ptr, bytes);
+  return cs::MallocHost(ptr, bytes);
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  cs::Called();
   if (attributes == nullptr) return cs::Fail(cudaErrorInvalidValue);
   const cs::Range r = cs::Lookup(ptr);
   void* p = const_cast<void*>(ptr);
@@ -225,13 +260,16 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  cs::Called();
   if (ptr == nullptr) return cudaSuccess;
+  cs::Waited();
   cs::SynchronizeAll();
   return cs::FreeGuarded(ptr, cs::MemoryKind::kPinnedHost) ? cs::Synced()
                                                            : cs::Fail(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned int flags) {
+  cs::Called();
   if (flags > (cudaHostRegisterPortable | cudaHostRegisterMapped)) {
     return cs::Fail(cudaErrorInvalidValue);
   }
@@ -239,21 +277,30 @@ cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned int flags) {
 }
 
 cudaError_t cudaHostUnregister(void* ptr) {
+  cs::Called();
   return cs::Fail(static_cast<cudaError_t>(cs::UnregisterHost(ptr)));
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  cs::Called();
   if (stream == nullptr || flags > cudaStreamNonBlocking) return cs::Fail(cudaErrorInvalidValue);
   *stream = cs::AddStream(/*blocking=*/flags != cudaStreamNonBlocking);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  cs::Called();
   std::shared_ptr<CUstream_st> s = cs::RemoveStream(stream);
   return s != nullptr ? cudaSuccess : cs::Fail(cudaErrorInvalidResourceHandle);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  cs::Called();
+  cs::Waited();
+  return cs::StreamSynchronize(stream);
+}
+
+cudaError_t cs::StreamSynchronize(cudaStream_t stream) {
   std::shared_ptr<CUstream_st> s = cs::Resolve(stream);
   if (s == nullptr) return cs::Fail(cudaErrorInvalidResourceHandle);
   s->Synchronize();
@@ -261,6 +308,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  cs::Called();
   std::shared_ptr<CUstream_st> s = cs::Resolve(stream);
   if (s == nullptr || !cs::LiveEvent(event)) return cs::Fail(cudaErrorInvalidResourceHandle);
   if (flags != 0) return cs::Fail(cudaErrorInvalidValue);
@@ -280,6 +328,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  cs::Called();
   if (event == nullptr || (flags & ~cudaEventDisableTiming) != 0) {
     return cs::Fail(cudaErrorInvalidValue);
   }
@@ -289,6 +338,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  cs::Called();
   if (!cs::LiveEvent(event)) return cs::Fail(cudaErrorInvalidResourceHandle);
   cs::RemoveEvent(event);
   delete event;  // queued records and waits hold the state
@@ -296,6 +346,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  cs::Called();
   std::shared_ptr<CUstream_st> s = cs::Resolve(stream);
   if (s == nullptr || !cs::LiveEvent(event)) return cs::Fail(cudaErrorInvalidResourceHandle);
   std::shared_ptr<cs::EventState> e = event->state;
@@ -316,6 +367,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  cs::Called();
+  cs::Count(cs::Counter::kEventQuery);
   if (!cs::LiveEvent(event)) return cs::Fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lock(event->state->mu);
   if (event->state->completed < event->state->recorded) return cs::Fail(cudaErrorNotReady);
@@ -323,6 +376,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  cs::Called();
+  cs::Waited();
   if (!cs::LiveEvent(event)) return cs::Fail(cudaErrorInvalidResourceHandle);
   std::shared_ptr<cs::EventState> e = event->state;
   std::unique_lock<std::mutex> lock(e->mu);
@@ -333,6 +388,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
+  cs::Called();
+  cs::CopyCalled(1);
+  return cs::MemcpyAsync(dst, src, bytes, kind, stream);
+}
+
+cudaError_t cs::MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
   cs::Side d, s;
   if (!cs::CheckCopy(dst, src, bytes, kind, &d, &s)) return cs::Fail(cudaErrorInvalidValue);
   if (bytes == 0) return cudaSuccess;
@@ -340,15 +402,24 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  cs::Called();
+  cs::CopyCalled(1);
+  cs::Waited();
+  const cudaError_t e = cs::MemcpyAsync(dst, src, bytes, kind, nullptr);
   if (e != cudaSuccess) return e;
-  return cudaStreamSynchronize(nullptr);
+  return cs::StreamSynchronize(nullptr);
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind kind,
                               cudaStream_t stream) {
-  if (width > dpitch || width > spitch) return cs::Fail(cudaErrorInvalidValue);
+  cs::Called();
+  cs::CopyCalled(1);
+  // Pitches past the device's cudaDevAttrMaxPitch (2^31 - 1 on current GPUs) are refused.
+  constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
+  if (width > dpitch || width > spitch || dpitch > kMaxPitch || spitch > kMaxPitch) {
+    return cs::Fail(cudaErrorInvalidValue);
+  }
   if (width == 0 || height == 0) return cudaSuccess;
   std::vector<cs::Copy> rows;
   for (size_t r = 0; r < height; ++r) {
@@ -366,6 +437,12 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  cs::Called();
+  cs::CopyCalled(1);
+  return cs::MemsetAsync(ptr, value, bytes, stream);
+}
+
+cudaError_t cs::MemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   if (!cs::DeviceAccessible(ptr, bytes)) return cs::Fail(cudaErrorInvalidValue);
   std::shared_ptr<CUstream_st> s = cs::Resolve(stream);
@@ -382,14 +459,19 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
-  const cudaError_t e = cudaMemsetAsync(ptr, value, bytes, nullptr);
+  cs::Called();
+  cs::CopyCalled(1);
+  cs::Waited();
+  const cudaError_t e = cs::MemsetAsync(ptr, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
-  return cudaStreamSynchronize(nullptr);
+  return cs::StreamSynchronize(nullptr);
 }
 
 cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes,
                                  size_t count, cudaMemcpyAttributes* attrs, size_t* attrs_idxs,
                                  size_t num_attrs, cudaStream_t stream) {
+  cs::Called();
+  cs::CopyCalled(count);
   // KVTIER_CUDA_SIM_NO_BATCH=1: a runtime whose driver refuses batches (the fallback path).
   static const bool refuse = std::getenv("KVTIER_CUDA_SIM_NO_BATCH") != nullptr;
   if (refuse) return cs::Fail(cudaErrorNotSupported);

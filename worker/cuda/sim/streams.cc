@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "worker/cuda/sim/counters.h"
 #include "worker/cuda/sim/device_memory.h"
 #include "worker/cuda/sim/kernel.h"
 
@@ -74,6 +75,8 @@ bool Touch(const void* p, uint64_t bytes, const char* what) {
 }
 
 bool EnqueueKernel(cudaStream_t stream, const char* name, std::function<void()> body) {
+  Count(Counter::kRuntimeCall);
+  Count(Counter::kKernelLaunch);
   std::shared_ptr<CUstream_st> s = Resolve(stream);
   if (s == nullptr) return false;
   Submit(*s, Op{std::move(body), name, false});

@@ -94,4 +94,10 @@ bool ValidSplitMerge(const SplitMergeParams& p) {
   return p.position_mass == nullptr || (p.length > 0 && p.mass_stride >= p.length);
 }
 
+bool ValidScoreBatch(const ScoreBatchParams& p) {
+  return p.mass != nullptr && p.lengths != nullptr && p.scores != nullptr && p.rows > 0 &&
+         p.rows <= 65535 && p.max_length > 0 && p.mass_stride >= p.max_length &&
+         std::isfinite(p.weight);
+}
+
 }  // namespace kvtier::worker::kernels::cuda

@@ -25,6 +25,7 @@ bool ValidRopeAppend(const RopeAppendParams& p);
 bool ValidScoreAccumulate(const ScoreAccumulateParams& p);
 // Whether MergeSplitAttention accepts p.
 bool ValidSplitMerge(const SplitMergeParams& p);
+bool ValidScoreBatch(const ScoreBatchParams& p);
 // Chunks of kAttentionChunk positions covering max_length.
 inline uint32_t AttentionChunks(uint32_t max_length) {
   return (max_length + kAttentionChunk - 1) / kAttentionChunk;

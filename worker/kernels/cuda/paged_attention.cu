@@ -265,6 +265,23 @@ __global__ void __launch_bounds__(kMassThreads) AccumulateScoresKernel(ScoreAccu
   p.scores[i] = score;
 }
 
+// Thread (i, b) serves the run of rows from b naming the same scores, when b starts one.
+__global__ void __launch_bounds__(kMassThreads) AccumulateScoresBatchKernel(ScoreBatchParams p) {
+  const uint32_t i = blockIdx.x * kMassThreads + threadIdx.x;
+  const uint32_t b0 = blockIdx.y;
+  float* const scores = p.scores[b0];
+  if (i >= p.max_length || (b0 > 0 && p.scores[b0 - 1] == scores)) return;
+  bool covered = false;
+  float score = 0.f;
+  for (uint32_t b = b0; b < p.rows && p.scores[b] == scores; ++b) {
+    if (i >= static_cast<uint32_t>(p.lengths[b])) continue;
+    if (!covered) score = scores[i];
+    covered = true;
+    score = __fadd_rn(score, __fmul_rn(p.mass[uint64_t{b} * p.mass_stride + i], p.weight));
+  }
+  if (covered) scores[i] = score;
+}
+
 template <int kHeadDim, typename T>
 cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
   const dim3 chunk_grid(NumChunks(p.max_length), p.num_kv_heads, p.batch);
@@ -293,6 +310,13 @@ cudaError_t MergeSplitAttention(const SplitMergeParams& p, cudaStream_t stream) 
     SplitMergeMassKernel<<<(p.length + kMassThreads - 1) / kMassThreads, kMassThreads, 0, stream>>>(
         p);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t AccumulateScoresBatch(const ScoreBatchParams& p, cudaStream_t stream) {
+  if (!ValidScoreBatch(p)) return cudaErrorInvalidValue;
+  const dim3 grid((p.max_length + kMassThreads - 1) / kMassThreads, p.rows);
+  AccumulateScoresBatchKernel<<<grid, kMassThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -110,6 +110,23 @@ struct SplitMergeParams {
 
 // Two launches on `stream` (outputs, mass); cudaErrorInvalidValue for a bad field.
 cudaError_t MergeSplitAttention(const SplitMergeParams& p, cudaStream_t stream);
+// The same rule for the rows of one attention launch bound for several sequences' scores: row
+// b adds mass[b][i] * weight to scores[b][i] for i < lengths[b]. Rows naming the same scores
+// must be consecutive (one sequence's queries, lengths growing by one: a prefill); they are
+// added in row order, so each sequence's scores get the bits AccumulateScores gives them.
+struct ScoreBatchParams {
+  const float* mass = nullptr;  // [rows][mass_stride], device
+  uint32_t rows = 0;
+  uint32_t mass_stride = 0;          // >= max_length
+  uint32_t max_length = 0;           // >= every lengths[b] (sizes the grid)
+  const int32_t* lengths = nullptr;  // [rows], device, each in [1, max_length]
+  float* const* scores = nullptr;    // [rows] device pointers, added to ([lengths[b]] each)
+  float weight = 0.f;
+};
+
+// One launch on `stream` for every row; cudaErrorInvalidValue for a bad field (nothing
+// launched).
+cudaError_t AccumulateScoresBatch(const ScoreBatchParams& p, cudaStream_t stream);
 
 }  // namespace kvtier::worker::kernels::cuda
 

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/cuda/cuda_api.h"
+#include "worker/cuda/sim/counters.h"
 #include "worker/cuda/sim/kernel.h"
 
 namespace kvtier::cudasim {
@@ -217,6 +218,49 @@ TEST_F(CudaSimTest, BatchedCopiesAreValidatedAndRunInStreamOrder) {
   EXPECT_EQ(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &idx, 1, nullptr),
             cudaErrorInvalidValue);
   cudaGetLastError();
+  cudaFree(d);
+}
+
+// The counters a device run's prediction comes from: each call once (a synchronous copy is one
+// call, one copy and one wait, not the asynchronous copy and synchronization it is made of),
+// a batch's entries and a pitched copy's one descriptor, host-to-device bytes, launches.
+TEST_F(CudaSimTest, CountersCountCallsDescriptorsWaitsAndLaunches) {
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 4096), cudaSuccess);
+  std::vector<uint8_t> host(4096, 3);
+  ResetCounters();
+  ASSERT_EQ(cudaMemcpy(d, host.data(), 100, cudaMemcpyHostToDevice), cudaSuccess);
+  Counters c = ReadCounters();
+  EXPECT_EQ(c.runtime_calls, 1u);
+  EXPECT_EQ(c.copy_calls, 1u);
+  EXPECT_EQ(c.copy_descriptors, 1u);
+  EXPECT_EQ(c.host_waits, 1u);
+  EXPECT_EQ(c.h2d_bytes, 100u);
+  ResetCounters();
+  void* dsts[] = {d, static_cast<uint8_t*>(d) + 1024, static_cast<uint8_t*>(d) + 2048};
+  const void* srcs[] = {host.data(), host.data() + 8, host.data() + 16};
+  size_t sizes[] = {8, 8, 8};
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t idx = 0;
+  ASSERT_EQ(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, &attr, &idx, 1, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy2DAsync(d, 64, host.data(), 128, 32, 10, cudaMemcpyHostToDevice, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(Launch(nullptr, "nothing", [] {}), cudaSuccess);
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  c = ReadCounters();
+  EXPECT_EQ(c.runtime_calls, 7u);
+  EXPECT_EQ(c.copy_calls, 2u);
+  EXPECT_EQ(c.copy_descriptors, 4u);  // three batched, one pitched
+  EXPECT_EQ(c.h2d_bytes, 24u + 320u);
+  EXPECT_EQ(c.kernel_launches, 1u);
+  EXPECT_EQ(c.host_waits, 1u);
+  EXPECT_EQ(c.event_queries, 1u);
+  cudaEventDestroy(e);
   cudaFree(d);
 }
 

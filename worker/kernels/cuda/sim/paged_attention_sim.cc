@@ -243,4 +243,32 @@ cudaError_t AccumulateScores(const ScoreAccumulateParams& p, cudaStream_t stream
   });
 }
 
+cudaError_t AccumulateScoresBatch(const ScoreBatchParams& p, cudaStream_t stream) {
+  if (!ValidScoreBatch(p)) return cudaErrorInvalidValue;
+  return cudasim::Launch(stream, "AccumulateScoresBatch", [p] {
+    if (!Touch(p.lengths, uint64_t{p.rows} * 4, "lengths") ||
+        !Touch(p.scores, uint64_t{p.rows} * sizeof(float*), "scores")) {
+      return;
+    }
+    // Row by row, in order (the kernel serves each run of rows naming the same scores in row
+    // order too): one f32 multiply and one f32 add per term.
+    for (uint32_t b = 0; b < p.rows; ++b) {
+      const uint32_t n = static_cast<uint32_t>(p.lengths[b]);
+      if (n == 0 || n > p.max_length) {
+        Touch(nullptr, 1, "lengths[b] outside [1, max_length]");
+        return;
+      }
+      float* scores = p.scores[b];
+      const float* mass = p.mass + uint64_t{b} * p.mass_stride;
+      if (!Touch(scores, uint64_t{n} * 4, "scores[b]") || !Touch(mass, uint64_t{n} * 4, "mass")) {
+        return;
+      }
+      for (uint32_t i = 0; i < n; ++i) {
+        const volatile float term = mass[i] * p.weight;
+        scores[i] = scores[i] + term;
+      }
+    }
+  });
+}
+
 }  // namespace kvtier::worker::kernels::cuda
