@@ -44,6 +44,18 @@ inline bool AttendedInPlace(const StoredPage& page, uint8_t in_place_mark) {
   return in_place_mark != 0 && (page.tier == tiering::Tier::kT1 || page.tier == tiering::Tier::kT2);
 }
 
+// A prefetch schedule as the store hands it to its backend (TieredKvStore::SetSchedule;
+// docs/scheduling.md): per layer group, pages of T1/T2 kept staged next to the device across
+// steps (resident), pages copied before the group's attention in the order given (stage), and
+// pages attended where they live (in_place, also the store's in-place marks). Every listed page
+// exists, lives in T1/T2 and is listed once. No groups = no schedule.
+struct StageSchedule {
+  std::vector<std::vector<uint32_t>> resident, stage, in_place;  // [group] each
+  uint64_t staging_bytes = 0;       // the sequence's share of the device's staging area
+  uint64_t h2d_bytes_per_step = 0;  // the sequence's host-to-device bytes per decode step
+  bool empty() const { return resident.empty() && stage.empty() && in_place.empty(); }
+};
+
 // Byte layout of pages (shared by the store and every backend). A page of group g holds, for
 // each layer of g, K then V, each [page_tokens][num_kv_heads][head_dim] elements of
 // geometry.element_bytes (4 = f32 on every backend, 2 = bf16 where the backend stores it,
@@ -153,6 +165,16 @@ class KvBackend {
 
   // The page left its tier or changed: drop what was staged of it.
   virtual void Forget(uint32_t group, uint32_t page) = 0;
+  // Follows `schedule` (checked by the store; empty ends it) over the store's page tables
+  // [group][page]. A refusal (INVALID_ARGUMENT naming the field, value and limit) issues nothing
+  // and leaves the schedule in force unchanged. The host backend reads every host page where it
+  // lives, so the store's in-place marks are all it needs.
+  virtual absl::Status FollowSchedule(const StageSchedule& schedule,
+                                      const std::vector<std::vector<StoredPage>>& pages) {
+    (void)schedule;
+    (void)pages;
+    return absl::OkStatus();
+  }
   // Attention of one layer; updates the staging counters of `stats`.
   virtual absl::Status Attend(const AttendCall& call, StoreStats& stats) = 0;
   // Attention of one layer for several stores at once (TieredKvStore::AttendBatch): calls[i]

@@ -323,7 +323,7 @@ absl::Status TieredKvStore::Truncate(uint32_t length, std::vector<ReleasedSlot>*
     for (auto& rows : keep_) rows.resize(std::min<size_t>(rows.size(), length));
   }
   in_place_.clear();
-  return absl::OkStatus();
+  return backend_->FollowSchedule({}, pages_);  // the schedule named pages that may be gone
 }
 
 absl::Status TieredKvStore::SetKeep(uint32_t layer, uint32_t kv_head, uint32_t position,

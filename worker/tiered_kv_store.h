@@ -86,6 +86,9 @@ struct StoreStats {
   // Host-to-device bytes copied into staging for attention, the next layer's prefetch included
   // (device backends; 0 on the host backend, which reads T1 in place).
   uint64_t staged_h2d_bytes = 0;
+  // Of those, bytes copied into the resident area a schedule keeps across steps (device
+  // backends: a resident page is copied once per change).
+  uint64_t resident_h2d_bytes = 0;
   // The copy calls that staging issued, the descriptors they carried, and the calls that went
   // through the batch API (device backends; a batch refused by the driver falls back for good).
   uint64_t staged_copy_calls = 0;
@@ -189,6 +192,12 @@ class TieredKvStore final : public AttentionCache {
   // is listed twice, or for other than layer_groups lists; an empty vector ends split
   // attention. A page that leaves T1/T2 later is attended with the rest.
   absl::Status SetInPlacePages(const std::vector<std::vector<uint32_t>>& in_place);
+  // The whole schedule: resident, stage and in-place pages (each checked as above, a page in at
+  // most one list) and the budgets, handed to the backend (a device follows them: resident pages
+  // stay staged across steps, stage pages are copied in order within h2d_bytes_per_step, in-place
+  // pages are attended by the CPU). A refusal by the store or the backend changes nothing; an
+  // empty schedule ends the one in force.
+  absl::Status SetSchedule(const StageSchedule& schedule);
   uint64_t in_place_pages() const;  // pages now named in place
 
   // --- Inspection.

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
 #include "worker/tiered_kv_store.h"
 
 namespace kvtier::worker {
@@ -11,37 +12,60 @@ namespace kvtier::worker {
 using tiering::Tier;
 
 absl::Status TieredKvStore::SetInPlacePages(const std::vector<std::vector<uint32_t>>& in_place) {
-  if (in_place.empty()) {
+  StageSchedule schedule;
+  schedule.in_place = in_place;
+  return SetSchedule(schedule);
+}
+
+absl::Status TieredKvStore::SetSchedule(const StageSchedule& schedule) {
+  if (schedule.empty()) {
+    RETURN_IF_ERROR(backend_->FollowSchedule(schedule, pages_));
     in_place_.clear();
     return absl::OkStatus();
   }
-  if (in_place.size() != geometry_.layer_groups) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("in_place has ", in_place.size(),
-                     " lists, expected layer_groups = ", geometry_.layer_groups));
-  }
-  std::vector<std::vector<uint8_t>> mask(geometry_.layer_groups);
-  for (uint32_t g = 0; g < geometry_.layer_groups; ++g) {
-    mask[g].assign(pages_[g].size(), 0);
-    for (uint32_t page : in_place[g]) {
-      if (page >= pages_[g].size()) {
-        return absl::InvalidArgumentError(absl::StrCat("in_place group ", g, " page ", page,
-                                                       " does not exist (", pages_[g].size(),
-                                                       " pages)"));
-      }
-      const Tier t = pages_[g][page].tier;
-      if (t != Tier::kT1 && t != Tier::kT2) {
-        return absl::InvalidArgumentError(absl::StrCat("in_place group ", g, " page ", page,
-                                                       " is in ", std::string(tiering::TierName(t)),
-                                                       ", not in host memory (T1/T2)"));
-      }
-      if (mask[g][page] != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("in_place group ", g, " page ", page, " is listed twice"));
-      }
-      mask[g][page] = 1;
+  // Missing lists are empty lists; present ones are one per group.
+  const uint32_t groups = geometry_.layer_groups;
+  struct List {
+    const char* name;
+    const std::vector<std::vector<uint32_t>>& pages;
+  };
+  const List lists[] = {
+      {"resident", schedule.resident}, {"stage", schedule.stage}, {"in_place", schedule.in_place}};
+  for (const List& list : lists) {
+    if (!list.pages.empty() && list.pages.size() != groups) {
+      return absl::InvalidArgumentError(absl::StrCat(list.name, " has ", list.pages.size(),
+                                                     " lists, expected layer_groups = ", groups));
     }
   }
+  std::vector<std::vector<uint8_t>> listed(groups), mask(groups);
+  for (uint32_t g = 0; g < groups; ++g) {
+    listed[g].assign(pages_[g].size(), 0);
+    mask[g].assign(pages_[g].size(), 0);
+  }
+  for (const List& list : lists) {
+    for (uint32_t g = 0; g < list.pages.size(); ++g) {
+      for (uint32_t page : list.pages[g]) {
+        if (page >= pages_[g].size()) {
+          return absl::InvalidArgumentError(absl::StrCat(list.name, " group ", g, " page ", page,
+                                                         " does not exist (", pages_[g].size(),
+                                                         " pages)"));
+        }
+        const Tier t = pages_[g][page].tier;
+        if (t != Tier::kT1 && t != Tier::kT2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(list.name, " group ", g, " page ", page, " is in ",
+                           std::string(tiering::TierName(t)), ", not in host memory (T1/T2)"));
+        }
+        if (listed[g][page] != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(list.name, " group ", g, " page ", page, " is listed twice"));
+        }
+        listed[g][page] = 1;
+        if (&list.pages == &schedule.in_place) mask[g][page] = 1;
+      }
+    }
+  }
+  RETURN_IF_ERROR(backend_->FollowSchedule(schedule, pages_));
   in_place_ = std::move(mask);
   return absl::OkStatus();
 }

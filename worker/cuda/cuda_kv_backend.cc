@@ -14,6 +14,8 @@
 #include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_device_arena.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/device_schedule.h"
+#include "worker/cuda/host_partial.h"
 #include "worker/cuda/layer_stager.h"
 #include "worker/cuda/pinned_mapping.h"
 #include "worker/host_kv_backend.h"
@@ -177,7 +179,8 @@ class CudaKvBackend final : public KvBackend {
         dtype_(options.geometry.element_bytes == 2 ? kc::KvDtype::kBf16 : kc::KvDtype::kF32),
         host_(HostKvBackendOptions{
             .layout = F32Layout(layout_), .num_q_heads = options.num_q_heads, .scale = scale_}),
-        tables_(options.geometry.num_layers + 1) {}
+        tables_(options.geometry.num_layers + 1),
+        host_partial_(layout_, options.num_q_heads, scale_) {}
   ~CudaKvBackend() override;
 
   bool host_t0() const override { return false; }
@@ -202,6 +205,8 @@ class CudaKvBackend final : public KvBackend {
   absl::Status Wait(CopyToken token) override { return tokens_.Wait(token); }
   absl::Status Drain() override;
   void Forget(uint32_t, uint32_t) override {}  // staged copies are keyed by version
+  absl::Status FollowSchedule(const StageSchedule& schedule,
+                              const std::vector<std::vector<StoredPage>>& pages) override;
   absl::Status Attend(const AttendCall& call, StoreStats& stats) override;
   absl::Status AttendBatch(const std::vector<KvBackend*>& backends,
                            const std::vector<AttendCall>& calls,
@@ -221,27 +226,40 @@ class CudaKvBackend final : public KvBackend {
   absl::Status Issued(cudaStream_t stream, cudaStream_t then = nullptr);
   // Host-memory moves (T1 <-> T2) run on the CPU once no copy touches the pools.
   absl::Status DrainCopies();
-  // The layer's T1/T2 pages as staging requests, and their page indices.
-  void StageRequests(const AttendCall& call, uint32_t layer, std::vector<StageRequest>* out,
-                     std::vector<uint32_t>* pages) const;
+  // The request of one T1/T2 page for layer `layer` of its group.
+  StageRequest RequestFor(const StoredPage& e, uint32_t page, uint32_t layer_in_group) const;
+  // The layer's T1/T2 pages as staging requests (page indices beside them): the resident ones
+  // into resident_requests_, the rest into requests_ (the schedule's stage pages in its order,
+  // then, unless `split`, the in-place pages, then the pages it does not name, in page order).
+  void BuildRequests(const AttendCall& call, uint32_t layer, bool split);
+  // A decode query with a page of [0, length) the schedule attends in place (T1/T2 still).
+  bool SplitsCall(const AttendCall& call) const;
   // One store's share of an attention launch: its call (run for `owner`, whose scores the
-  // mass goes to) and the device blocks staged for its T1/T2 pages, in page order.
+  // mass goes to) and, per page, the device block staged for it (null: not staged).
   struct LaunchPart {
     CudaKvBackend* owner;
     const AttendCall* call;
     const std::vector<uint8_t*>* staged;
   };
-  // Stages the call's T1/T2 pages and makes the compute stream wait for them.
-  absl::Status StageFor(const AttendCall& call, StoreStats& stats, std::vector<uint8_t*>* staged);
-  // After the launch: releases the staging slot and prefetches the next layer.
-  absl::Status FinishAttend(const AttendCall& call, bool staged, StoreStats& stats);
+  // Stages the call's T1/T2 pages (not the in-place ones when `split`) and makes the compute
+  // stream wait for them; *any: something was staged.
+  absl::Status StageFor(const AttendCall& call, bool split, StoreStats& stats,
+                        std::vector<uint8_t*>* staged, bool* any);
+  absl::Status EnsureResidentArea(uint32_t entries);
+  // After the launch: releases the staging slots and prefetches the next layer.
+  absl::Status FinishAttend(const AttendCall& call, bool staged, bool split, StoreStats& stats);
+  // Split attention of one decode query: the GPU's partial over T0 and staged pages, the CPU's
+  // over the in-place pages (concurrently), merged on the device.
+  absl::Status AttendSplit(const AttendCall& call, StoreStats& stats);
   // One page table for every part (this backend's ring), queries in part order.
   absl::StatusOr<PageTable*> UploadTable(const std::vector<LaunchPart>& parts);
   absl::Status EnsureScores(uint32_t length);
+  // The store's shape and the workspace; the caller sets the tensors and sizes.
+  kc::PagedDecodeParams DecodeParams() const;
   // REQUIRES: the parts' queries (and outputs) are consecutive rows from parts[0].call->q.
   absl::Status LaunchAttention(const std::vector<LaunchPart>& parts, const PageTable& table);
   // Host-to-device bytes it issued go to `stats`.
-  absl::Status PrefetchNext(const AttendCall& call, StoreStats& stats);
+  absl::Status PrefetchNext(const AttendCall& call, bool split, StoreStats& stats);
 
   KvLayout layout_;
   uint32_t num_q_heads_;
@@ -267,8 +285,23 @@ class CudaKvBackend final : public KvBackend {
   uint64_t mass_floats_ = 0;
   float* scores_ = nullptr;  // [groups][score_capacity_] cumulative score since the last read
   uint64_t score_capacity_ = 0;
-  std::vector<StageRequest> requests_;
-  std::vector<uint32_t> request_pages_;
+  std::vector<StageRequest> requests_, resident_requests_;
+  std::vector<uint32_t> request_pages_, resident_pages_;
+  // Split attention (FollowSchedule): the schedule in force, the CPU partial, and per split
+  // Attend a pinned buffer [q][out][lse][head_mass] (a ring of two: the host rewrites one once
+  // its upload ran) and the device's copy of the CPU part and its own part.
+  DeviceSchedule schedule_;
+  HostPartial host_partial_;
+  std::vector<uint8_t> in_place_mask_;
+  struct SplitBuffer {
+    float* host = nullptr;
+    uint64_t capacity = 0;  // floats
+    cudaEvent_t q_ready = nullptr, uploaded = nullptr;
+  };
+  SplitBuffer split_bufs_[2];
+  int next_split_ = 0;
+  float* split_dev_ = nullptr;  // [2][q | out | lse | head_mass]: the GPU's part, then the CPU's
+  uint64_t split_dev_floats_ = 0;
 };
 
 CudaKvBackend::~CudaKvBackend() {
@@ -282,6 +315,12 @@ CudaKvBackend::~CudaKvBackend() {
   cudaFree(workspace_);
   cudaFree(mass_);
   cudaFree(scores_);
+  cudaFree(split_dev_);
+  for (SplitBuffer& b : split_bufs_) {
+    cudaFreeHost(b.host);
+    if (b.q_ready != nullptr) cudaEventDestroy(b.q_ready);
+    if (b.uploaded != nullptr) cudaEventDestroy(b.uploaded);
+  }
 }
 
 LayerStagerOptions CudaKvBackend::StagerOptions(uint32_t entries) const {
@@ -484,27 +523,79 @@ absl::Status CudaKvBackend::ReadPage(const StoredPage& page, uint32_t group,
   return absl::OkStatus();
 }
 
-void CudaKvBackend::StageRequests(const AttendCall& call, uint32_t layer,
-                                  std::vector<StageRequest>* out,
-                                  std::vector<uint32_t>* pages) const {
-  out->clear();
-  pages->clear();
+StageRequest CudaKvBackend::RequestFor(const StoredPage& e, uint32_t page,
+                                       uint32_t layer_in_group) const {
+  if (e.tier == Tier::kT1) {
+    return {page, e.version, e.slot + layer_in_group * BlockBytes(), BlockBytes(),
+            StageSource::kFull};
+  }
+  return {page, e.version,
+          e.slot + layout_.CompressedBlockOffset(layer_in_group, codecs::TensorRole::kKey),
+          stager_->options().CompressedBlockBytes(), StageSource::kCompressed};
+}
+
+void CudaKvBackend::BuildRequests(const AttendCall& call, uint32_t layer, bool split) {
+  requests_.clear();
+  request_pages_.clear();
+  resident_requests_.clear();
+  resident_pages_.clear();
   const layout::KvGeometry& g = layout_.geometry;
   const uint32_t l = layer - g.GroupBegin(call.group);
   const uint64_t n = g.NumPages(call.length);
-  for (uint32_t p = 0; p < n; ++p) {
-    const StoredPage& e = call.pages[p];
-    if (e.tier == Tier::kT1) {
-      out->push_back({p, e.version, e.slot + l * BlockBytes(), BlockBytes(), StageSource::kFull});
-    } else if (e.tier == Tier::kT2) {
-      out->push_back({p, e.version,
-                      e.slot + layout_.CompressedBlockOffset(l, codecs::TensorRole::kKey),
-                      stager_->options().CompressedBlockBytes(), StageSource::kCompressed});
-    } else {
-      continue;
+  auto host = [&](uint32_t p) {
+    return p < n && (call.pages[p].tier == Tier::kT1 || call.pages[p].tier == Tier::kT2);
+  };
+  auto add = [&](uint32_t p) {
+    requests_.push_back(RequestFor(call.pages[p], p, l));
+    request_pages_.push_back(p);
+  };
+  if (!schedule_.empty()) {
+    for (uint32_t p : schedule_.StageOrder(call.group)) {
+      if (host(p)) add(p);
     }
-    pages->push_back(p);
   }
+  for (uint32_t p = 0; p < n; ++p) {
+    if (!host(p)) continue;
+    switch (schedule_.RoleOf(call.group, p)) {
+      case PageRole::kResident:
+        resident_requests_.push_back(RequestFor(call.pages[p], p, l));
+        resident_pages_.push_back(p);
+        break;
+      case PageRole::kInPlace:
+        if (!split) add(p);  // a prefill attends whole
+        break;
+      case PageRole::kWhole:
+        add(p);
+        break;
+      case PageRole::kStage:
+        break;  // above, in the schedule's order
+    }
+  }
+}
+
+bool CudaKvBackend::SplitsCall(const AttendCall& call) const {
+  if (call.n != 1 || schedule_.empty()) return false;
+  const uint64_t n = layout_.geometry.NumPages(call.length);
+  for (uint32_t p = 0; p < n; ++p) {
+    if ((call.pages[p].tier == Tier::kT1 || call.pages[p].tier == Tier::kT2) &&
+        schedule_.RoleOf(call.group, p) == PageRole::kInPlace) {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status CudaKvBackend::FollowSchedule(const StageSchedule& schedule,
+                                           const std::vector<std::vector<StoredPage>>& pages) {
+  DevicePageBytes bytes;
+  bytes.block = BlockBytes();
+  bytes.compressed_block = StagerOptions(1).CompressedBlockBytes();
+  // Everything is checked before anything changes: a refused schedule issues nothing.
+  ASSIGN_OR_RETURN(DeviceSchedule next,
+                   DeviceSchedule::Make(schedule, pages, layout_.geometry, bytes));
+  schedule_ = std::move(next);
+  host_partial_.Forget();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPart>& parts) {
@@ -550,12 +641,11 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPa
     const AttendCall& call = *part.call;
     const uint64_t n_pages = g.NumPages(call.length);
     const uint64_t layer_off = layout_.LayerOffsetBytes(call.layer - g.GroupBegin(call.group));
-    size_t next_staged = 0;
     for (uint64_t p = 0; p < n_pages; ++p) {
       const StoredPage& e = call.pages[p];
       entries[first + p] = e.tier == Tier::kT0   ? e.t0 + layer_off
                            : e.tier == Tier::kT3 ? nullptr
-                                                 : (*part.staged)[next_staged++];
+                                                 : (*part.staged)[p];  // null: in place
     }
     // Query b of the call sits at position length - n + b: one "sequence" per query over the
     // call's pages.
@@ -591,6 +681,18 @@ absl::Status CudaKvBackend::EnsureScores(uint32_t length) {
   return absl::OkStatus();
 }
 
+kc::PagedDecodeParams CudaKvBackend::DecodeParams() const {
+  kc::PagedDecodeParams p;
+  p.workspace = workspace_;
+  p.num_q_heads = num_q_heads_;
+  p.num_kv_heads = layout_.geometry.num_kv_heads;
+  p.head_dim = layout_.geometry.head_dim;
+  p.page_tokens = layout_.geometry.page_tokens;
+  p.scale = scale_;
+  p.kv_dtype = dtype_;
+  return p;
+}
+
 absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts,
                                             const PageTable& table) {
   const layout::KvGeometry& g = layout_.geometry;
@@ -611,7 +713,7 @@ absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts
   const float weight = tiering::DeviceMassWeight(num_q_heads_, g.LayersInGroup(first.group));
   for (uint32_t r0 = 0; r0 < table.queries; r0 += kMaxBatch) {
     const uint32_t rows = std::min(kMaxBatch, table.queries - r0);
-    kc::PagedDecodeParams p;
+    kc::PagedDecodeParams p = DecodeParams();
     p.q = first.q + r0 * q_row;
     p.out = first.out + r0 * q_row;
     p.pages = reinterpret_cast<const void* const*>(table.dev);
@@ -619,16 +721,9 @@ absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts
     p.lengths = lengths + r0;
     p.position_mass = mass_;
     p.mass_stride = max_length;
-    p.workspace = workspace_;
     p.batch = rows;
     p.max_length =
         static_cast<uint32_t>(*std::max_element(host_lengths + r0, host_lengths + r0 + rows));
-    p.num_q_heads = num_q_heads_;
-    p.num_kv_heads = g.num_kv_heads;
-    p.head_dim = g.head_dim;
-    p.page_tokens = g.page_tokens;
-    p.scale = scale_;
-    p.kv_dtype = dtype_;
     KVTIER_CUDA_RETURN_IF_ERROR(kc::PagedDecodeAttention(p, compute_));
     // Each row's mass goes to its own store's cumulative score: one launch for the chunk.
     kc::ScoreBatchParams s;
@@ -644,7 +739,7 @@ absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, StoreStats& stats) {
+absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, bool split, StoreStats& stats) {
   // One layer ahead, within the group (the pages of another group are another table). After
   // the last layer, layer 0 of the next step, whose pages are this step's unless a plan moves
   // them (the planner then copies what changed): with one group only, since with several the
@@ -652,44 +747,174 @@ absl::Status CudaKvBackend::PrefetchNext(const AttendCall& call, StoreStats& sta
   const layout::KvGeometry& g = layout_.geometry;
   uint32_t next = call.layer + 1;
   if (next == g.num_layers && g.layer_groups == 1) next = 0;
-  if (stager_ == nullptr || next >= g.num_layers || g.GroupOfLayer(next) != call.group ||
-      !stager_->CanPrefetch(next)) {
+  if (stager_ == nullptr || next >= g.num_layers || g.GroupOfLayer(next) != call.group) {
     return absl::OkStatus();
   }
-  StageRequests(call, next, &requests_, &request_pages_);
-  if (requests_.empty()) return absl::OkStatus();
+  BuildRequests(call, next, split);
+  // Only into the areas this layer already sized (growing one waits for the device).
+  if (!resident_requests_.empty() && next < stager_->resident_layers() &&
+      resident_requests_.size() <= stager_->resident_entries()) {
+    ASSIGN_OR_RETURN(StagedLayer staged, stager_->PrefetchResident(next, resident_requests_));
+    CountStaging(staged, stats);
+    stats.resident_h2d_bytes += staged.copied_bytes;
+  }
+  if (requests_.empty() || !stager_->CanPrefetch(next) ||
+      requests_.size() > stager_->options().entries_per_slot) {
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(StagedLayer staged, stager_->Prefetch(next, requests_));
   CountStaging(staged, stats);
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::StageFor(const AttendCall& call, StoreStats& stats,
-                                     std::vector<uint8_t*>* staged) {
-  // Pages a schedule leaves in place are staged like the rest: attention stays whole (exact).
-  staged->clear();
+absl::Status CudaKvBackend::EnsureResidentArea(uint32_t entries) {
+  const uint32_t layers = layout_.geometry.num_layers;
+  if (stager_->resident_layers() >= layers && stager_->resident_entries() >= entries) {
+    return absl::OkStatus();
+  }
+  // The old area may still be read by queued attention.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+  return stager_->EnsureResident(layers, std::max(entries, schedule_.max_resident()));
+}
+
+absl::Status CudaKvBackend::StageFor(const AttendCall& call, bool split, StoreStats& stats,
+                                     std::vector<uint8_t*>* staged, bool* any) {
+  staged->assign(layout_.geometry.NumPages(call.length), nullptr);
+  *any = false;
   if (stager_ == nullptr) return absl::OkStatus();
-  StageRequests(call, call.layer, &requests_, &request_pages_);
-  if (requests_.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
-  ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
+  BuildRequests(call, call.layer, split);
+  if (requests_.empty() && resident_requests_.empty()) return absl::OkStatus();
+  // Sized first: a larger stager is a new one, with an empty resident area.
+  if (!requests_.empty()) {
+    RETURN_IF_ERROR(EnsureStager(static_cast<uint32_t>(requests_.size())));
+  }
+  if (!resident_requests_.empty()) {
+    RETURN_IF_ERROR(EnsureResidentArea(static_cast<uint32_t>(resident_requests_.size())));
+    ASSIGN_OR_RETURN(StagedLayer kept, stager_->PrefetchResident(call.layer, resident_requests_));
+    CountStaging(kept, stats);
+    stats.resident_h2d_bytes += kept.copied_bytes;
+    for (size_t i = 0; i < resident_pages_.size(); ++i) {
+      (*staged)[resident_pages_[i]] = kept.blocks[i];
+    }
+  }
+  if (!requests_.empty()) {
+    ASSIGN_OR_RETURN(StagedLayer layer, stager_->Prefetch(call.layer, requests_));
+    CountStaging(layer, stats);
+    for (size_t i = 0; i < request_pages_.size(); ++i) {
+      (*staged)[request_pages_[i]] = layer.blocks[i];
+    }
+  }
   RETURN_IF_ERROR(stager_->Acquire(call.layer, compute_));
-  CountStaging(layer, stats);
-  *staged = std::move(layer.blocks);
+  *any = true;
   return absl::OkStatus();
 }
 
-absl::Status CudaKvBackend::FinishAttend(const AttendCall& call, bool staged, StoreStats& stats) {
+absl::Status CudaKvBackend::FinishAttend(const AttendCall& call, bool staged, bool split,
+                                         StoreStats& stats) {
   if (staged) RETURN_IF_ERROR(stager_->Release(call.layer, compute_));
-  return PrefetchNext(call, stats);
+  return PrefetchNext(call, split, stats);
 }
 
 absl::Status CudaKvBackend::Attend(const AttendCall& call, StoreStats& stats) {
+  if (SplitsCall(call)) return AttendSplit(call, stats);
   std::vector<uint8_t*> staged;
-  RETURN_IF_ERROR(StageFor(call, stats, &staged));
+  bool any = false;
+  RETURN_IF_ERROR(StageFor(call, /*split=*/false, stats, &staged, &any));
   const std::vector<LaunchPart> parts = {{this, &call, &staged}};
   ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
   RETURN_IF_ERROR(LaunchAttention(parts, *table));
-  return FinishAttend(call, !staged.empty(), stats);
+  return FinishAttend(call, any, /*split=*/false, stats);
+}
+
+absl::Status CudaKvBackend::AttendSplit(const AttendCall& call, StoreStats& stats) {
+  const layout::KvGeometry& g = layout_.geometry;
+  const uint32_t length = call.length, heads = num_q_heads_;
+  const uint64_t q_floats = uint64_t{heads} * g.head_dim;
+  const uint64_t part_floats = q_floats + heads + uint64_t{heads} * length;  // out, lse, mass
+  // The CPU needs the query: downloaded ahead of the GPU's partial, so both run at once.
+  SplitBuffer& buf = split_bufs_[next_split_];
+  next_split_ ^= 1;
+  if (buf.q_ready == nullptr) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&buf.q_ready, cudaEventDisableTiming));
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&buf.uploaded, cudaEventDisableTiming));
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(buf.uploaded));  // its last upload ran
+  if (q_floats + part_floats > buf.capacity) {
+    cudaFreeHost(buf.host);
+    buf.host = nullptr;
+    buf.capacity = 0;
+    const uint64_t n = std::max<uint64_t>(q_floats + part_floats, 2 * buf.capacity);
+    KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&buf.host, n * sizeof(float)));
+    buf.capacity = n;
+  }
+  RETURN_IF_ERROR(Grow(&split_dev_, &split_dev_floats_, 2 * part_floats));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf.host, call.q, q_floats * sizeof(float),
+                                              cudaMemcpyDeviceToHost, compute_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(buf.q_ready, compute_));
+  // The GPU's partial: T0 and staged pages, in-place ones null in the table.
+  std::vector<uint8_t*> staged;
+  bool any = false;
+  RETURN_IF_ERROR(StageFor(call, /*split=*/true, stats, &staged, &any));
+  const std::vector<LaunchPart> parts = {{this, &call, &staged}};
+  ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
+  RETURN_IF_ERROR(EnsureScores(length));
+  RETURN_IF_ERROR(Grow(&workspace_, &workspace_floats_,
+                       kc::PagedDecodeWorkspaceBytes(1, length, heads, g.head_dim) / 4));
+  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, length));
+  float* dev_part[2] = {split_dev_, split_dev_ + part_floats};  // GPU's, CPU's
+  kc::PagedDecodeParams p = DecodeParams();
+  p.q = call.q;
+  p.out = dev_part[0];
+  p.lse = dev_part[0] + q_floats;
+  p.head_mass = dev_part[0] + q_floats + heads;
+  p.mass_stride = length;
+  p.pages = reinterpret_cast<const void* const*>(table->dev);
+  p.page_indptr = reinterpret_cast<const int32_t*>(table->dev + table->pages * sizeof(void*));
+  p.lengths = p.page_indptr + 1;
+  p.batch = 1;
+  p.max_length = length;
+  KVTIER_CUDA_RETURN_IF_ERROR(kc::PagedDecodeAttention(p, compute_));
+  // The CPU's partial, from pool memory, while the device computes its own; the pages it reads
+  // may have been written by offloads still in flight.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(buf.q_ready));
+  if (stager_ != nullptr) RETURN_IF_ERROR(stager_->WaitOffloads());
+  in_place_mask_.assign(g.NumPages(length), 0);
+  for (uint32_t page = 0; page < in_place_mask_.size(); ++page) {
+    const Tier t = call.pages[page].tier;
+    in_place_mask_[page] = (t == Tier::kT1 || t == Tier::kT2) &&
+                           schedule_.RoleOf(call.group, page) == PageRole::kInPlace;
+  }
+  float* host_part = buf.host + q_floats;
+  RETURN_IF_ERROR(
+      host_partial_.Run(call, buf.host, in_place_mask_,
+                        {host_part, host_part + q_floats, host_part + q_floats + heads}));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_part[1], host_part, part_floats * sizeof(float),
+                                              cudaMemcpyHostToDevice, compute_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(buf.uploaded, compute_));
+  // Merged by log-sum-exp on the device; the mass of both parts feeds the cumulative score.
+  kc::SplitMergeParams m;
+  for (int i = 0; i < 2; ++i) {
+    m.out[i] = dev_part[i];
+    m.lse[i] = dev_part[i] + q_floats;
+    m.head_mass[i] = dev_part[i] + q_floats + heads;
+  }
+  m.merged = call.out;
+  m.position_mass = mass_;
+  m.num_q_heads = heads;
+  m.head_dim = g.head_dim;
+  m.length = length;
+  m.mass_stride = length;
+  KVTIER_CUDA_RETURN_IF_ERROR(kc::MergeSplitAttention(m, compute_));
+  kc::ScoreAccumulateParams sa;
+  sa.mass = mass_;
+  sa.rows = 1;
+  sa.mass_stride = length;
+  sa.first_length = length;
+  sa.weight = tiering::DeviceMassWeight(heads, g.LayersInGroup(call.group));
+  sa.scores = scores_ + uint64_t{call.group} * score_capacity_;
+  KVTIER_CUDA_RETURN_IF_ERROR(kc::AccumulateScores(sa, compute_));
+  ++stats.split_attends;
+  return FinishAttend(call, any, /*split=*/true, stats);
 }
 
 absl::Status CudaKvBackend::AttendBatch(const std::vector<KvBackend*>& backends,
@@ -702,23 +927,28 @@ absl::Status CudaKvBackend::AttendBatch(const std::vector<KvBackend*>& backends,
   uint64_t row = 0;
   for (size_t i = 0; i < calls.size(); ++i) {
     auto* peer = dynamic_cast<CudaKvBackend*>(backends[i]);
+    // A split call merges two partials of its own.
     if (peer == nullptr || peer->compute_ != compute_ || peer->num_q_heads_ != num_q_heads_ ||
-        calls[i].q != calls[0].q + row * q_row || calls[i].out != calls[0].out + row * q_row) {
+        calls[i].q != calls[0].q + row * q_row || calls[i].out != calls[0].out + row * q_row ||
+        peer->SplitsCall(calls[i])) {
       return KvBackend::AttendBatch(backends, calls, stats);
     }
     peers.push_back(peer);
     row += calls[i].n;
   }
   std::vector<std::vector<uint8_t*>> staged(calls.size());
+  std::vector<uint8_t> any(calls.size(), 0);
   std::vector<LaunchPart> parts;
   for (size_t i = 0; i < calls.size(); ++i) {
-    RETURN_IF_ERROR(peers[i]->StageFor(calls[i], *stats[i], &staged[i]));
+    bool staged_any = false;
+    RETURN_IF_ERROR(peers[i]->StageFor(calls[i], false, *stats[i], &staged[i], &staged_any));
+    any[i] = staged_any;
     parts.push_back({peers[i], &calls[i], &staged[i]});
   }
   ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
   RETURN_IF_ERROR(LaunchAttention(parts, *table));
   for (size_t i = 0; i < calls.size(); ++i) {
-    RETURN_IF_ERROR(peers[i]->FinishAttend(calls[i], !staged[i].empty(), *stats[i]));
+    RETURN_IF_ERROR(peers[i]->FinishAttend(calls[i], any[i] != 0, false, *stats[i]));
   }
   return absl::OkStatus();
 }

@@ -60,18 +60,10 @@ absl::Status LayerStager::Init() {
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&offloaded_, cudaEventDisableTiming));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&restored_, cudaEventDisableTiming));
-  const uint64_t entries = options_.entries_per_slot;
   slots_.resize(options_.num_slots);
   for (Slot& slot : slots_) {
-    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&slot.blocks, entries * options_.BlockBytes()));
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
-    if (t2_ != nullptr) {
-      KVTIER_CUDA_RETURN_IF_ERROR(
-          DeviceMalloc(&slot.compressed, entries * options_.CompressedBlockBytes()));
-      KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&slot.ptrs_dev, 4 * entries * sizeof(void*)));
-      KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&slot.ptrs_host, 4 * entries * sizeof(void*)));
-    }
+    absl::Status s = AllocateSlot(slot, options_.entries_per_slot);
+    if (!s.ok()) return s;
   }
   if (t2_ != nullptr) {
     const uint64_t n = options_.max_offload_batch;
@@ -84,17 +76,34 @@ absl::Status LayerStager::Init() {
   return absl::OkStatus();
 }
 
+absl::Status LayerStager::AllocateSlot(Slot& slot, uint64_t entries) {
+  KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&slot.blocks, entries * options_.BlockBytes()));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
+  if (t2_ != nullptr) {
+    KVTIER_CUDA_RETURN_IF_ERROR(
+        DeviceMalloc(&slot.compressed, entries * options_.CompressedBlockBytes()));
+    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&slot.ptrs_dev, 4 * entries * sizeof(void*)));
+    KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&slot.ptrs_host, 4 * entries * sizeof(void*)));
+  }
+  return absl::OkStatus();
+}
+
+void LayerStager::FreeSlot(Slot& slot) {
+  cudaFree(slot.blocks);
+  cudaFree(slot.compressed);
+  cudaFree(slot.ptrs_dev);
+  cudaFreeHost(slot.ptrs_host);
+  if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
+  if (slot.consumed != nullptr) cudaEventDestroy(slot.consumed);
+  slot = Slot{};
+}
+
 LayerStager::~LayerStager() {
   if (h2d_ != nullptr) cudaStreamSynchronize(h2d_);
   if (d2h_ != nullptr) cudaStreamSynchronize(d2h_);
-  for (Slot& slot : slots_) {
-    cudaFree(slot.blocks);
-    cudaFree(slot.compressed);
-    cudaFree(slot.ptrs_dev);
-    cudaFreeHost(slot.ptrs_host);
-    if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
-    if (slot.consumed != nullptr) cudaEventDestroy(slot.consumed);
-  }
+  for (Slot& slot : slots_) FreeSlot(slot);
+  for (Slot& slot : resident_slots_) FreeSlot(slot);
   FreeScratch(offload_);
   FreeScratch(restore_);
   if (restored_ != nullptr) cudaEventDestroy(restored_);
@@ -182,11 +191,51 @@ absl::StatusOr<StagedLayer> LayerStager::Prefetch(uint32_t layer,
                      slots_[planner_.SlotOfLayer(layer)].unreleased_layer,
                      ", not released; cannot stage layer ", layer));
   }
+  return StageInto(planner_, slots_, layer, requests);
+}
+
+absl::Status LayerStager::EnsureResident(uint32_t layers, uint32_t entries) {
+  if (layers == 0 || entries == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a resident area needs layers and entries > 0, got ", layers, " and ", entries));
+  }
+  if (layers <= resident_layers() && entries <= resident_entries_) return absl::OkStatus();
+  const uint32_t n = std::max(entries, resident_entries_);
+  const uint32_t l = std::max(layers, resident_layers());
+  // The old blocks may still be read by copies queued on this stream.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(h2d_));
+  for (Slot& slot : resident_slots_) FreeSlot(slot);
+  resident_slots_.clear();
+  resident_entries_ = 0;
+  absl::StatusOr<StagingPlanner> planner = StagingPlanner::Create(l, n);
+  if (!planner.ok()) return planner.status();
+  resident_planner_ = *std::move(planner);
+  resident_slots_.resize(l);
+  for (Slot& slot : resident_slots_) {
+    absl::Status s = AllocateSlot(slot, n);
+    if (!s.ok()) return s;
+  }
+  resident_entries_ = n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StagedLayer> LayerStager::PrefetchResident(uint32_t layer,
+                                                          absl::Span<const StageRequest> requests) {
+  if (layer >= resident_layers()) {
+    return absl::FailedPreconditionError(absl::StrCat("no resident slot for layer ", layer, " (",
+                                                      resident_layers(), " resident layers)"));
+  }
+  return StageInto(resident_planner_, resident_slots_, layer, requests);
+}
+
+absl::StatusOr<StagedLayer> LayerStager::StageInto(StagingPlanner& planner,
+                                                   std::vector<Slot>& slots, uint32_t layer,
+                                                   absl::Span<const StageRequest> requests) {
   absl::Status pinned = EnsureSourcesPinned(requests);
   if (!pinned.ok()) return pinned;
-  absl::StatusOr<LayerStagePlan> plan = planner_.Plan(layer, requests);
+  absl::StatusOr<LayerStagePlan> plan = planner.Plan(layer, requests);
   if (!plan.ok()) return plan.status();
-  Slot& slot = slots_[plan->slot];
+  Slot& slot = slots[plan->slot];
   StagedLayer staged;
   staged.slot = plan->slot;
   staged.reused = plan->reused;
@@ -268,9 +317,11 @@ absl::Status LayerStager::DequantizeOnH2d(void** ptrs_dev, uint32_t n) {
 }
 
 absl::Status LayerStager::Acquire(uint32_t layer, cudaStream_t compute) {
-  Slot& slot = slots_[planner_.SlotOfLayer(layer)];
-  if (!slot.copy_pending) return absl::OkStatus();
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot.copied, 0));
+  for (Slot* slot : {&slots_[planner_.SlotOfLayer(layer)],
+                     layer < resident_layers() ? &resident_slots_[layer] : nullptr}) {
+    if (slot == nullptr || !slot->copy_pending) continue;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot->copied, 0));
+  }
   return absl::OkStatus();
 }
 
@@ -278,6 +329,9 @@ absl::Status LayerStager::Release(uint32_t layer, cudaStream_t compute) {
   Slot& slot = slots_[planner_.SlotOfLayer(layer)];
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, compute));
   if (slot.unreleased_layer == static_cast<int64_t>(layer)) slot.unreleased_layer = -1;
+  if (layer < resident_layers()) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(resident_slots_[layer].consumed, compute));
+  }
   return absl::OkStatus();
 }
 

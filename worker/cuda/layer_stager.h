@@ -10,6 +10,11 @@
 // Release(l) after it: copies of the next layer overlap the current layer's compute. Planning is
 // differential (StagingPlanner): unchanged staged pages are not copied again.
 //
+// Resident area (prefetch schedules, docs/cuda.md): one slot per layer, kept across steps, for
+// the pages a schedule keeps staged. PrefetchResident(l) copies only what is missing or changed
+// of layer l's resident pages, on the same host-to-device stream; Acquire / Release(l) cover it
+// together with layer l's staging slot.
+//
 // Offload (device -> host, the other stream): Offload copies T0 blocks into T1 slots;
 // OffloadCompressed quantizes blocks on the device (same format as the CPU codecs) and copies the
 // codes into T2 slots. Both start after the work queued so far on the producing stream.
@@ -90,6 +95,15 @@ class LayerStager {
   absl::StatusOr<StagedLayer> Prefetch(uint32_t layer, absl::Span<const StageRequest> requests);
   // True when Prefetch(layer) may be called now.
   bool CanPrefetch(uint32_t layer) const;
+  // A resident area of `layers` slots of at least `entries` blocks each (growing it drops what
+  // it held: those pages are copied again). The caller makes sure no queued work still reads it.
+  absl::Status EnsureResident(uint32_t layers, uint32_t entries);
+  // Layer `layer`'s resident pages in its resident slot (REQUIRES layer < the resident layers):
+  // only missing or changed pages are copied; pages of the slot not requested are dropped.
+  absl::StatusOr<StagedLayer> PrefetchResident(uint32_t layer,
+                                               absl::Span<const StageRequest> requests);
+  uint32_t resident_layers() const { return static_cast<uint32_t>(resident_slots_.size()); }
+  uint32_t resident_entries() const { return resident_entries_; }
   // `compute` waits for layer's copies.
   absl::Status Acquire(uint32_t layer, cudaStream_t compute);
   // The slot may be overwritten once the work queued so far on `compute` is done.
@@ -127,6 +141,11 @@ class LayerStager {
               StagingPlanner planner)
       : options_(options), t1_(t1), t2_(t2), planner_(std::move(planner)) {}
   absl::Status Init();
+  absl::Status AllocateSlot(Slot& slot, uint64_t entries);
+  void FreeSlot(Slot& slot);
+  // Plans `requests` into `slot` (planned by `planner`) and issues the copies.
+  absl::StatusOr<StagedLayer> StageInto(StagingPlanner& planner, std::vector<Slot>& slots,
+                                        uint32_t layer, absl::Span<const StageRequest> requests);
   absl::Status EnsureSourcesPinned(absl::Span<const StageRequest> requests);
   absl::Status DequantizeInto(Slot& slot, const LayerStagePlan& plan);
   absl::Status RestoreCompressed(absl::Span<const RestoreOp> ops);
@@ -159,6 +178,9 @@ class LayerStager {
   PinnedMapping* t2_;
   StagingPlanner planner_;
   std::vector<Slot> slots_;
+  StagingPlanner resident_planner_ = *StagingPlanner::Create(1, 1);
+  std::vector<Slot> resident_slots_;  // one per layer; empty = no resident area
+  uint32_t resident_entries_ = 0;
   cudaStream_t h2d_ = nullptr;
   cudaStream_t d2h_ = nullptr;
   cudaEvent_t produced_ = nullptr;

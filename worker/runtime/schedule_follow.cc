@@ -21,7 +21,11 @@ absl::StatusOr<FollowedSchedule> CheckSchedule(const v1::PrefetchSchedule& sched
                                 " entries, expected layer_groups = ", placement.num_groups));
   }
   FollowedSchedule out;
-  out.in_place.resize(placement.num_groups);
+  out.pages.resident.resize(placement.num_groups);
+  out.pages.stage.resize(placement.num_groups);
+  out.pages.in_place.resize(placement.num_groups);
+  out.pages.staging_bytes = schedule.staging_bytes();
+  out.pages.h2d_bytes_per_step = schedule.h2d_bytes_per_step();
   std::vector<uint8_t> listed(placement.tiers.size(), 0);
   for (uint32_t g = 0; g < placement.num_groups; ++g) {
     const v1::GroupSchedule& gs = schedule.groups(static_cast<int>(g));
@@ -29,11 +33,11 @@ absl::StatusOr<FollowedSchedule> CheckSchedule(const v1::PrefetchSchedule& sched
       const char* name;
       const google::protobuf::RepeatedField<uint32_t>& pages;
       uint64_t* bytes;
-      std::vector<uint32_t>* keep;  // where the list's pages go, or null
+      std::vector<uint32_t>* keep;  // where the list's pages go
     };
-    const List lists[] = {{"resident", gs.resident(), &out.resident_bytes, nullptr},
-                          {"stage", gs.stage(), &out.stage_bytes, nullptr},
-                          {"in_place", gs.in_place(), &out.in_place_bytes, &out.in_place[g]}};
+    const List lists[] = {{"resident", gs.resident(), &out.resident_bytes, &out.pages.resident[g]},
+                          {"stage", gs.stage(), &out.stage_bytes, &out.pages.stage[g]},
+                          {"in_place", gs.in_place(), &out.in_place_bytes, &out.pages.in_place[g]}};
     for (const List& list : lists) {
       for (uint32_t page : list.pages) {
         const std::string where = absl::StrCat("groups[", g, "].", list.name, " page ", page);
@@ -49,7 +53,7 @@ absl::StatusOr<FollowedSchedule> CheckSchedule(const v1::PrefetchSchedule& sched
         if (seen != 0) return Invalid(absl::StrCat(where, " is listed twice"));
         seen = 1;
         *list.bytes += store.SlotBytes(t == Tier::kT1 ? PoolKind::kDdr : PoolKind::kCompressed, g);
-        if (list.keep != nullptr) list.keep->push_back(page);
+        list.keep->push_back(page);
       }
     }
   }

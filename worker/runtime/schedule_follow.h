@@ -16,7 +16,7 @@ namespace kvtier::worker {
 // A schedule the store can follow: the pages each group attends in place, and the bytes of
 // each class in one step.
 struct FollowedSchedule {
-  std::vector<std::vector<uint32_t>> in_place;  // [group]
+  StageSchedule pages;  // the lists [group] (stage in the schedule's order) and the budgets
   uint64_t resident_bytes = 0, stage_bytes = 0, in_place_bytes = 0;
 };
 

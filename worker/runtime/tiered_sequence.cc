@@ -442,10 +442,10 @@ absl::Status TieredSequence::FollowSchedule(uint64_t plan_version,
                                            acked_version_, " is in force"))
       : schedule.groups_size() == 0  ? absl::StatusOr<FollowedSchedule>(FollowedSchedule{})
                                      : CheckSchedule(schedule, *store_);
-  absl::Status s = followed.ok() ? store_->SetInPlacePages(followed->in_place) : followed.status();
+  absl::Status s = followed.ok() ? store_->SetSchedule(followed->pages) : followed.status();
   if (!s.ok()) {
     ++report_.schedules_refused;
-    (void)store_->SetInPlacePages({});
+    (void)store_->SetSchedule({});
     followed = FollowedSchedule{};
   } else if (schedule.groups_size() > 0) {
     ++report_.schedules;

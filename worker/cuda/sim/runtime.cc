@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "worker/cuda/sim/copy_trace.h"
 #include "worker/cuda/sim/counters.h"
 #include "worker/cuda/sim/cuda_runtime_sim.h"
 #include "worker/cuda/sim/device_memory.h"
@@ -84,6 +85,7 @@ cudaError_t Issue(std::vector<Copy> copies, cudaStream_t stream) {
   auto staged = std::make_shared<std::vector<std::vector<uint8_t>>>(copies.size());
   for (size_t i = 0; i < copies.size(); ++i) {
     Copy& c = copies[i];
+    TraceCopy(c.src, c.dst, c.bytes);
     if (!Pinned(c.s)) {
       const uint8_t* src = static_cast<const uint8_t*>(c.src);
       (*staged)[i].assign(src, src + c.bytes);

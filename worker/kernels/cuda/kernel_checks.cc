@@ -64,7 +64,9 @@ bool ValidPagedDecode(const PagedDecodeParams& p) {
   if (group == 0 || group > kMaxGqaGroup) return false;
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   if (!(p.scale > 0.f) || !std::isfinite(p.scale)) return false;
-  if (p.position_mass != nullptr && p.mass_stride < p.max_length) return false;
+  if ((p.position_mass != nullptr || p.head_mass != nullptr) && p.mass_stride < p.max_length) {
+    return false;
+  }
   return p.batch <= 65535;
 }
 
@@ -80,6 +82,16 @@ bool ValidRopeAppend(const RopeAppendParams& p) {
 bool ValidScoreAccumulate(const ScoreAccumulateParams& p) {
   return p.mass != nullptr && p.scores != nullptr && p.rows > 0 && p.first_length > 0 &&
          p.mass_stride >= p.first_length + p.rows - 1 && std::isfinite(p.weight);
+}
+
+bool ValidSplitMerge(const SplitMergeParams& p) {
+  for (int i = 0; i < 2; ++i) {
+    if (p.out[i] == nullptr || p.lse[i] == nullptr) return false;
+    if (p.position_mass != nullptr && p.head_mass[i] == nullptr) return false;
+  }
+  if (p.merged == nullptr || p.num_q_heads == 0 || p.num_q_heads > 65535) return false;
+  if (p.head_dim == 0 || p.head_dim > 1024) return false;
+  return p.position_mass == nullptr || (p.length > 0 && p.mass_stride >= p.length);
 }
 
 bool ValidScoreBatch(const ScoreBatchParams& p) {

@@ -23,6 +23,8 @@ bool ValidPagedDecode(const PagedDecodeParams& p);
 bool ValidRopeAppend(const RopeAppendParams& p);
 // Whether AccumulateScores accepts p.
 bool ValidScoreAccumulate(const ScoreAccumulateParams& p);
+// Whether MergeSplitAttention accepts p.
+bool ValidSplitMerge(const SplitMergeParams& p);
 bool ValidScoreBatch(const ScoreBatchParams& p);
 // Chunks of kAttentionChunk positions covering max_length.
 inline uint32_t AttentionChunks(uint32_t max_length) {

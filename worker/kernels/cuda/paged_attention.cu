@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(kHeadDim) MergeKernel(PagedDecodeParams p) {
   if (d == 0) {
     w.final_m[row] = m;
     w.final_l[row] = l;
+    if (p.lse != nullptr) p.lse[row] = l > 0.f ? m + logf(l) : -INFINITY;
   }
 }
 
@@ -200,15 +201,56 @@ __global__ void __launch_bounds__(kMassThreads) MassKernel(PagedDecodeParams p) 
   if (pos >= len) return;
   const Workspace w = CarveWorkspace(p.workspace, p.batch, p.max_length, p.num_q_heads, p.head_dim);
   float mass = 0.f;
-  if (p.pages[p.page_indptr[b] + pos / p.page_tokens] != nullptr) {
-    for (uint32_t h = 0; h < p.num_q_heads; ++h) {
-      const uint64_t row = uint64_t{b} * p.num_q_heads + h;
-      const float l = w.final_l[row];
-      if (l > 0.f) mass += expf(w.scores[row * p.max_length + pos] - w.final_m[row]) / l;
-    }
+  const bool live = p.pages[p.page_indptr[b] + pos / p.page_tokens] != nullptr;
+  for (uint32_t h = 0; h < p.num_q_heads; ++h) {
+    const uint64_t row = uint64_t{b} * p.num_q_heads + h;
+    const float l = w.final_l[row];
+    const float e =
+        live && l > 0.f ? expf(w.scores[row * p.max_length + pos] - w.final_m[row]) / l : 0.f;
+    mass += e;
+    if (p.head_mass != nullptr) p.head_mass[row * p.mass_stride + pos] = e;
   }
+  if (p.position_mass == nullptr) return;
   float* dst = p.position_mass + uint64_t{b} * p.mass_stride + pos;
   *dst = p.accumulate_mass ? *dst + mass : mass;
+}
+
+// One CTA per query head, head_dim threads: the merged output (SplitMergeParams).
+__global__ void SplitMergeOutKernel(SplitMergeParams p) {
+  const uint32_t h = blockIdx.x, d = threadIdx.x;
+  const float a = p.lse[0][h], c = p.lse[1][h];
+  const float m = fmaxf(a, c);
+  float o = 0.f;
+  if (m != -INFINITY) {
+    float wa = expf(a - m), wc = expf(c - m);
+    const float z = __fadd_rn(wa, wc);
+    wa = __fdiv_rn(wa, z);
+    wc = __fdiv_rn(wc, z);
+    const uint64_t i = uint64_t{h} * p.head_dim + d;
+    o = __fadd_rn(o, __fmul_rn(wa, p.out[0][i]));
+    o = __fadd_rn(o, __fmul_rn(wc, p.out[1][i]));
+  }
+  p.merged[uint64_t{h} * p.head_dim + d] = o;
+}
+
+// Mass of each position: the parts' per-head weights rescaled head by head, heads in order.
+__global__ void __launch_bounds__(kMassThreads) SplitMergeMassKernel(SplitMergeParams p) {
+  const uint32_t pos = blockIdx.x * kMassThreads + threadIdx.x;
+  if (pos >= p.length) return;
+  float mass = 0.f;
+  for (uint32_t h = 0; h < p.num_q_heads; ++h) {
+    const float a = p.lse[0][h], c = p.lse[1][h];
+    const float m = fmaxf(a, c);
+    if (m == -INFINITY) continue;
+    float w[2] = {expf(a - m), expf(c - m)};
+    const float z = __fadd_rn(w[0], w[1]);
+    for (int i = 0; i < 2; ++i) {
+      const float wi = __fdiv_rn(w[i], z);
+      if (wi == 0.f) continue;
+      mass = __fadd_rn(mass, __fmul_rn(wi, p.head_mass[i][uint64_t{h} * p.mass_stride + pos]));
+    }
+  }
+  p.position_mass[pos] = mass;
 }
 
 __global__ void __launch_bounds__(kMassThreads) AccumulateScoresKernel(ScoreAccumulateParams p) {
@@ -245,7 +287,7 @@ cudaError_t Launch(const PagedDecodeParams& p, cudaStream_t stream) {
   const dim3 chunk_grid(NumChunks(p.max_length), p.num_kv_heads, p.batch);
   ChunkKernel<kHeadDim, T><<<chunk_grid, kThreads, 0, stream>>>(p);
   MergeKernel<kHeadDim><<<dim3(p.num_q_heads, p.batch), kHeadDim, 0, stream>>>(p);
-  if (p.position_mass != nullptr) {
+  if (p.position_mass != nullptr || p.head_mass != nullptr) {
     const dim3 mass_grid((p.max_length + kMassThreads - 1) / kMassThreads, p.batch);
     MassKernel<<<mass_grid, kMassThreads, 0, stream>>>(p);
   }
@@ -258,6 +300,16 @@ cudaError_t AccumulateScores(const ScoreAccumulateParams& p, cudaStream_t stream
   if (!ValidScoreAccumulate(p)) return cudaErrorInvalidValue;
   const uint32_t n = p.first_length + p.rows - 1;
   AccumulateScoresKernel<<<(n + kMassThreads - 1) / kMassThreads, kMassThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t MergeSplitAttention(const SplitMergeParams& p, cudaStream_t stream) {
+  if (!ValidSplitMerge(p)) return cudaErrorInvalidValue;
+  SplitMergeOutKernel<<<p.num_q_heads, p.head_dim, 0, stream>>>(p);
+  if (p.position_mass != nullptr) {
+    SplitMergeMassKernel<<<(p.length + kMassThreads - 1) / kMassThreads, kMassThreads, 0, stream>>>(
+        p);
+  }
   return cudaGetLastError();
 }
 

@@ -44,6 +44,13 @@ struct PagedDecodeParams {
   float* position_mass = nullptr;
   uint32_t mass_stride = 0;
   bool accumulate_mass = false;
+  // Split attention (a partial merged later with MergeSplitAttention). Null, or [batch]
+  // [num_q_heads]: log Σ exp(scale · q·k) over the live positions (-inf where none).
+  float* lse = nullptr;
+  // Null, or [batch][num_q_heads] rows of `mass_stride` floats: each head's softmax weight of
+  // each position p < lengths[b] (0 for evicted positions), position_mass before its sum over
+  // heads.
+  float* head_mass = nullptr;
   // Scratch, device, PagedDecodeWorkspaceBytes(...) bytes; no initialisation needed.
   void* workspace = nullptr;
   uint32_t batch = 0;
@@ -81,6 +88,28 @@ struct ScoreAccumulateParams {
 // One launch on `stream`; cudaErrorInvalidValue for a bad field (nothing launched).
 cudaError_t AccumulateScores(const ScoreAccumulateParams& p, cudaStream_t stream);
 
+// Split attention of one decode query: the device's partial (PagedDecodeAttention over T0 and
+// staged pages, with lse and head_mass) and the host's partial (the CPU kernel over the pages a
+// schedule leaves in place, uploaded) merged by log-sum-exp, as MergeAttentionPartials
+// (worker/kernels/attention_merge.h) merges them on the CPU: per head, with L = log(e^a + e^b)
+// of the two lse, out = w_a · out_a + w_b · out_b (w_i = exp(lse_i − L), parts in that order,
+// each term one f32 multiply and one f32 add), and the mass of position p = Σ_h (w_a · mass_a
+// + w_b · mass_b)[h][p], heads in order. A head that no part attended gets zero output and
+// weights. Every pointer is device memory.
+struct SplitMergeParams {
+  const float* out[2] = {nullptr, nullptr};        // [num_q_heads][head_dim] each
+  const float* lse[2] = {nullptr, nullptr};        // [num_q_heads] each
+  const float* head_mass[2] = {nullptr, nullptr};  // [num_q_heads][mass_stride] each, or null
+  float* merged = nullptr;                         // [num_q_heads][head_dim]
+  float* position_mass = nullptr;                  // [length], or null (then head_mass is not read)
+  uint32_t num_q_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t length = 0;
+  uint32_t mass_stride = 0;  // >= length
+};
+
+// Two launches on `stream` (outputs, mass); cudaErrorInvalidValue for a bad field.
+cudaError_t MergeSplitAttention(const SplitMergeParams& p, cudaStream_t stream);
 // The same rule for the rows of one attention launch bound for several sequences' scores: row
 // b adds mass[b][i] * weight to scores[b][i] for i < lengths[b]. Rows naming the same scores
 // must be consecutive (one sequence's queries, lengths growing by one: a prefill); they are

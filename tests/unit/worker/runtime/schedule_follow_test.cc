@@ -58,11 +58,16 @@ class ScheduleFollowTest : public ::testing::Test {
 TEST_F(ScheduleFollowTest, AValidScheduleGivesTheInPlaceListsAndTheBytesOfEachClass) {
   absl::StatusOr<FollowedSchedule> f = CheckSchedule(Valid(), *store_);
   ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(f->in_place, (std::vector<std::vector<uint32_t>>{{}, {0}}));
+  EXPECT_EQ(f->pages.in_place, (std::vector<std::vector<uint32_t>>{{}, {0}}));
+  EXPECT_EQ(f->pages.resident, (std::vector<std::vector<uint32_t>>{{0}, {}}));
+  EXPECT_EQ(f->pages.stage, (std::vector<std::vector<uint32_t>>{{1}, {1}}));
+  EXPECT_EQ(f->pages.staging_bytes, T1(0));
+  EXPECT_EQ(f->pages.h2d_bytes_per_step, T1(0) + T1(1));
   EXPECT_EQ(f->resident_bytes, T1(0));
   EXPECT_EQ(f->stage_bytes, T1(0) + T1(1));
   EXPECT_EQ(f->in_place_bytes, T2(1));
-  EXPECT_TRUE(store_->SetInPlacePages(f->in_place).ok());
+  EXPECT_TRUE(store_->SetSchedule(f->pages).ok());
+  EXPECT_EQ(store_->in_place_pages(), 1u);
 }
 
 TEST_F(ScheduleFollowTest, SchedulesThatDoNotMatchTheStoreAreRefusedNamingThePage) {

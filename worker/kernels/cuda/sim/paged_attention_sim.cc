@@ -120,18 +120,92 @@ void RunPagedDecode(const PagedDecodeParams& p) {
       AttendHead(p, kv, p.q + row * hd, h / group, len, p.out + row * hd, &head_scores[h], &ms[h],
                  &ls[h]);
     }
-    if (p.position_mass == nullptr) continue;
-    float* mass_row = p.position_mass + uint64_t{b} * p.mass_stride;
-    if (!Touch(mass_row, uint64_t{len} * 4, "position_mass row")) return;
+    if (p.lse != nullptr) {
+      if (!Touch(p.lse + uint64_t{b} * hq, uint64_t{hq} * 4, "lse")) return;
+      for (uint32_t h = 0; h < hq; ++h) {
+        p.lse[uint64_t{b} * hq + h] = ls[h] > 0.f ? ms[h] + std::log(ls[h]) : -INFINITY;
+      }
+    }
+    if (p.head_mass != nullptr &&
+        !Touch(p.head_mass + uint64_t{b} * hq * p.mass_stride,
+               (uint64_t{hq - 1} * p.mass_stride + len) * 4, "head_mass rows")) {
+      return;
+    }
+    float* mass_row =
+        p.position_mass == nullptr ? nullptr : p.position_mass + uint64_t{b} * p.mass_stride;
+    if (mass_row != nullptr && !Touch(mass_row, uint64_t{len} * 4, "position_mass row")) return;
     for (uint32_t pos = 0; pos < len; ++pos) {
       float mass = 0.f;
-      if (kv.Present(pos)) {
-        for (uint32_t h = 0; h < hq; ++h) {
-          if (ls[h] > 0.f) mass += std::exp(head_scores[h][pos] - ms[h]) / ls[h];
-        }
+      for (uint32_t h = 0; h < hq; ++h) {
+        const float e =
+            kv.Present(pos) && ls[h] > 0.f ? std::exp(head_scores[h][pos] - ms[h]) / ls[h] : 0.f;
+        mass += e;
+        if (p.head_mass != nullptr) p.head_mass[(uint64_t{b} * hq + h) * p.mass_stride + pos] = e;
       }
-      mass_row[pos] = p.accumulate_mass ? mass_row[pos] + mass : mass;
+      if (mass_row != nullptr) mass_row[pos] = p.accumulate_mass ? mass_row[pos] + mass : mass;
     }
+  }
+}
+
+// The two parts' weights of head h (zero when neither attended anything), as the kernel and
+// MergeAttentionPartials compute them.
+void SplitWeights(const SplitMergeParams& p, uint32_t h, float w[2]) {
+  const float a = p.lse[0][h], c = p.lse[1][h];
+  const float m = std::fmax(a, c);
+  w[0] = w[1] = 0.f;
+  if (m == -INFINITY) return;
+  const float ea = std::exp(a - m), ec = std::exp(c - m);
+  const float z = ea + ec;
+  w[0] = ea / z;
+  w[1] = ec / z;
+}
+
+void RunSplitMerge(const SplitMergeParams& p) {
+  const uint64_t row = uint64_t{p.num_q_heads} * p.head_dim;
+  for (int i = 0; i < 2; ++i) {
+    if (!Touch(p.out[i], row * 4, "out") || !Touch(p.lse[i], uint64_t{p.num_q_heads} * 4, "lse")) {
+      return;
+    }
+    if (p.position_mass != nullptr &&
+        !Touch(p.head_mass[i], (uint64_t{p.num_q_heads - 1} * p.mass_stride + p.length) * 4,
+               "head_mass")) {
+      return;
+    }
+  }
+  if (!Touch(p.merged, row * 4, "merged") ||
+      (p.position_mass != nullptr && !Touch(p.position_mass, uint64_t{p.length} * 4, "mass"))) {
+    return;
+  }
+  // One f32 multiply and one f32 add per term (the kernel's __fmul_rn / __fadd_rn).
+  for (uint32_t h = 0; h < p.num_q_heads; ++h) {
+    float w[2];
+    SplitWeights(p, h, w);
+    for (uint32_t d = 0; d < p.head_dim; ++d) {
+      const uint64_t i = uint64_t{h} * p.head_dim + d;
+      float o = 0.f;
+      if (w[0] != 0.f || w[1] != 0.f) {
+        const volatile float t0 = w[0] * p.out[0][i];
+        o = o + t0;
+        const volatile float t1 = w[1] * p.out[1][i];
+        o = o + t1;
+      }
+      p.merged[i] = o;
+    }
+  }
+  if (p.position_mass == nullptr) return;
+  std::vector<float> weights(2 * size_t{p.num_q_heads});
+  for (uint32_t h = 0; h < p.num_q_heads; ++h) SplitWeights(p, h, &weights[2 * h]);
+  for (uint32_t pos = 0; pos < p.length; ++pos) {
+    float mass = 0.f;
+    for (uint32_t h = 0; h < p.num_q_heads; ++h) {
+      for (int i = 0; i < 2; ++i) {
+        const float wi = weights[2 * h + i];
+        if (wi == 0.f) continue;
+        const volatile float t = wi * p.head_mass[i][uint64_t{h} * p.mass_stride + pos];
+        mass = mass + t;
+      }
+    }
+    p.position_mass[pos] = mass;
   }
 }
 
@@ -140,6 +214,11 @@ void RunPagedDecode(const PagedDecodeParams& p) {
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream) {
   if (!ValidPagedDecode(p)) return cudaErrorInvalidValue;
   return cudasim::Launch(stream, "PagedDecodeAttention", [p] { RunPagedDecode(p); });
+}
+
+cudaError_t MergeSplitAttention(const SplitMergeParams& p, cudaStream_t stream) {
+  if (!ValidSplitMerge(p)) return cudaErrorInvalidValue;
+  return cudasim::Launch(stream, "MergeSplitAttention", [p] { RunSplitMerge(p); });
 }
 
 cudaError_t AccumulateScores(const ScoreAccumulateParams& p, cudaStream_t stream) {
