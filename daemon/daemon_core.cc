@@ -630,6 +630,11 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
   ASSIGN_OR_RETURN(WorkerRec * w, AuthenticateLocked(r.worker_id(), r.session_secret()));
   RETURN_IF_ERROR(CheckMax("prompt_tokens", r.prompt_tokens(), kMaxPromptTokens));
   RETURN_IF_ERROR(CheckMax("length", r.length(), kMaxLength));
+  if (r.protected_prompt_begin() > r.prompt_tokens()) {
+    return Invalid("protected_prompt_begin",
+                   absl::StrCat("must be <= prompt_tokens (", r.prompt_tokens(), "), got ",
+                                r.protected_prompt_begin()));
+  }
   RETURN_IF_ERROR(CheckMax("tag length", r.tag().size(), kMaxNameBytes));
   ASSIGN_OR_RETURN(PolicySpec policy, ValidatePolicy(r.policy(), w->geometry.page_tokens));
   if (w->sequences.size() >= options_.max_sequences_per_worker) {
@@ -648,6 +653,7 @@ absl::StatusOr<v1::OpenSequenceResponse> DaemonCoreImpl::OpenLocked(
   s.tag = r.tag();
   s.policy = std::move(policy);
   s.prompt_tokens = r.prompt_tokens();
+  s.protected_prompt_begin = r.protected_prompt_begin();
   s.open_length = r.length();
   s.placement.num_groups = w->geometry.layer_groups;
   s.placement.num_pages = 0;

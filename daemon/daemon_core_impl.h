@@ -145,8 +145,9 @@ struct SequenceRec {
   std::string tag;
   PolicySpec policy;
   uint64_t prompt_tokens = 0;
-  uint64_t length = 0;       // of the last snapshot
-  uint64_t open_length = 0;  // OpenSequenceRequest.length
+  uint64_t protected_prompt_begin = 0;  // OpenSequenceRequest.protected_prompt_begin
+  uint64_t length = 0;                  // of the last snapshot
+  uint64_t open_length = 0;             // OpenSequenceRequest.length
   PlanCounts plans;
   tiering::Placement placement;  // acknowledged placement
   // The slot of every page placement puts in T1/T2, by placement index (group-major); pages in

@@ -277,7 +277,7 @@ struct DaemonCoreImpl::Prepared {
   PolicySpec policy;
   layout::KvGeometry geometry;
   std::array<uint64_t, 2> page_bytes{};
-  uint64_t prompt_tokens = 0, length = 0;
+  uint64_t prompt_tokens = 0, protected_prompt_begin = 0, length = 0;
   Placement current;  // the acknowledged placement, grown to the snapshot (by the unlocked phase)
   PlacementFigures current_figures;  // of `current`
   Decision decision;                 // decision.target: degraded in place by the grant
@@ -389,8 +389,12 @@ absl::StatusOr<v1::TierPlan> DaemonCoreImpl::Snapshot(const v1::SubmitSnapshotRe
   }
   prep.scores = absl::Span<const float>(r.page_scores().data(), r.page_scores_size());
   if (hooks_.during_decision) hooks_.during_decision(prep.sequence_id);
-  ASSIGN_OR_RETURN(prep.decision, DecidePlacement(prep.policy, prep.prompt_tokens, prep.length,
-                                                  prep.current, prep.scores));
+  ASSIGN_OR_RETURN(prep.decision,
+                   DecidePlacement(prep.policy,
+                                   {.prompt_tokens = prep.prompt_tokens,
+                                    .length = prep.length,
+                                    .protected_prompt_begin = prep.protected_prompt_begin},
+                                   prep.current, prep.scores));
   // New extents are made without the lock first (at most twice; a grant that still finds no
   // spare, raced away by another sequence's, makes its own under the lock).
   std::shared_ptr<v1::TierPlan> plan;
@@ -459,6 +463,7 @@ absl::Status DaemonCoreImpl::PrepareLocked(const v1::SubmitSnapshotRequest& r,
   prep.geometry = w->geometry;
   prep.page_bytes = w->page_bytes;
   prep.prompt_tokens = s.prompt_tokens;
+  prep.protected_prompt_begin = s.protected_prompt_begin;
   prep.length = r.length();
   prep.current = s.placement;
   prep.max_entries = options_.max_snapshot_entries;

@@ -91,10 +91,11 @@ bool AllowsCompression(const PolicySpec& policy) {
   return policy.name == "hierarchy" && policy.compress_ratio > 0.0;
 }
 
-absl::StatusOr<Decision> DecidePlacement(const PolicySpec& policy, uint64_t prompt_tokens,
-                                         uint64_t length, const tiering::Placement& current,
+absl::StatusOr<Decision> DecidePlacement(const PolicySpec& policy,
+                                         const tiering::SequenceState& sequence,
+                                         const tiering::Placement& current,
                                          absl::Span<const float> scores) {
-  tiering::DecisionInput input{tiering::SequenceState{prompt_tokens, length}, current, scores};
+  tiering::DecisionInput input{sequence, current, scores};
   absl::StatusOr<tiering::Decision> d = policy.impl->DecideDetailed(input);
   if (!d.ok()) return d.status();
   return Decision{std::move(d->placement), d->protected_overflow_tokens > 0};

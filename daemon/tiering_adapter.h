@@ -50,8 +50,10 @@ struct Decision {
   tiering::Placement target;
   bool protected_overflow = false;  // protected pages alone exceed the T0 budget
 };
-absl::StatusOr<Decision> DecidePlacement(const PolicySpec& policy, uint64_t prompt_tokens,
-                                         uint64_t length, const tiering::Placement& current,
+// `sequence`: its prompt, length and first protected prompt position (OpenSequenceRequest's).
+absl::StatusOr<Decision> DecidePlacement(const PolicySpec& policy,
+                                         const tiering::SequenceState& sequence,
+                                         const tiering::Placement& current,
                                          absl::Span<const float> scores);
 
 // Moves from `current` to `target` in execution order (core/tiering's MakePlan): evictions,

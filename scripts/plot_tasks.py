@@ -20,7 +20,8 @@ def series_of(config):
     policy = parts[0]
     if policy == "hierarchy":
         r, g, codec = parts[2], parts[3], parts[4]
-        return f"hierarchy {r}" + (f" {g} {codec}" if g != "g0.00" else "")
+        eps = f" {parts[5]}" if len(parts) > 5 else ""  # max_lost_mass ε
+        return f"hierarchy {r}" + (f" {g} {codec}" if g != "g0.00" else "") + eps
     return policy
 
 
@@ -63,7 +64,43 @@ def main(out_dir, plot_dir):
         print(path)
 
 
+def kept_bytes(r):
+    """T0 + T1 + T2 bytes over the full cache's."""
+    share = float(r["t0_fraction"])
+    full = float(r["t0_bytes"]) / share if share > 0 else 0
+    kept = float(r["t0_bytes"]) + float(r["ddr_bytes"]) + float(r["compressed_bytes"])
+    return kept / full if full else 1
+
+
+def bytes_plot(out_dir, plot_dir):
+    """Runs with ε (max_lost_mass) configurations: retention against T0 + T1 + T2 bytes, the
+    hierarchy at fixed r against ε, one panel per (task, length, regime)."""
+    rows = list(csv.DictReader(open(os.path.join(out_dir, "summary.csv"))))
+    rows = [r for r in rows if r["config"].startswith("hierarchy") and r["retention"] != "nan"]
+    if not any(len(r["config"].split()) > 5 for r in rows):
+        return
+    panels = sorted({(r["task"], int(r["length"]), r["regime"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    for ax, (task, length, regime) in zip(axes.flat, panels):
+        pts = [r for r in rows if (r["task"], int(r["length"]), r["regime"]) == (task, length, regime)]
+        for label, pick in (("fixed r", lambda c: len(c.split()) <= 5),
+                            ("r 0.9 capped by ε", lambda c: len(c.split()) > 5)):
+            sel = sorted((r for r in pts if pick(r["config"])), key=kept_bytes)
+            ax.plot([kept_bytes(r) for r in sel], [float(r["retention"]) for r in sel], marker="o",
+                    label=label)
+        ax.set_title(f"{task}, {length} tokens, {regime}")
+        ax.set_xlabel("(T0 + T1 + T2) / full cache bytes")
+        ax.set_ylabel("retention vs full cache")
+        ax.set_ylim(-0.05, 1.05)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(plot_dir, "tasks-bytes.png")
+    fig.savefig(path, dpi=90)
+    print(path)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: plot_tasks.py OUT_DIR [PLOT_DIR]")
     main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else sys.argv[1])
+    bytes_plot(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else sys.argv[1])

@@ -165,6 +165,11 @@ std::string Render(const PlanInput& in, const Plan& p, const absl::StatusOr<Host
        absl::StrCat(Ms(p.step.stage_all_seconds), " restaging all, ", Ms(p.step.schedule_seconds),
                     " with schedules (", absl::StrFormat("%.0f%%", 100 * p.step.in_place_share),
                     " attended in DDR); ", Ms(p.full_step_seconds), " all in HBM")});
+  t.AddRow({"GPU reads per step", absl::StrCat(Ms(p.step.stage_all_gpu_seconds), " restaging all, ",
+                                               Ms(p.step.schedule_gpu_seconds), " with schedules, ",
+                                               Ms(p.full_step_seconds),
+                                               " all in HBM (weights, T0 and the pages the GPU "
+                                               "attends, at HBM bandwidth)")});
   return t.Render();
 }
 
@@ -196,8 +201,10 @@ nlohmann::json ToJson(const PlanInput& in, const Plan& p, const absl::StatusOr<H
       {"step",
        {{"compute_s", p.step.compute_seconds},
         {"stage_all_pcie_bytes", p.step.stage_all_pcie_bytes},
+        {"stage_all_gpu_s", p.step.stage_all_gpu_seconds},
         {"stage_all_s", p.step.stage_all_seconds},
         {"schedule_pcie_bytes", p.step.schedule_pcie_bytes},
+        {"schedule_gpu_s", p.step.schedule_gpu_seconds},
         {"schedule_s", p.step.schedule_seconds},
         {"in_place_share", p.step.in_place_share},
         {"all_in_hbm_s", p.full_step_seconds}}},

@@ -247,11 +247,13 @@ class WorkerClientImpl final : public WorkerClient {
   }
 
   absl::StatusOr<uint64_t> OpenSequence(uint64_t prompt_tokens, const v1::PolicyConfig& policy,
-                                        const std::string& tag, uint64_t length) override {
+                                        const std::string& tag, uint64_t length,
+                                        uint64_t protected_prompt_begin) override {
     v1::OpenSequenceRequest request;
     Sign(&request);
     request.set_prompt_tokens(prompt_tokens);
     request.set_length(length);
+    request.set_protected_prompt_begin(protected_prompt_begin);
     *request.mutable_policy() = policy;
     request.set_tag(tag);
     v1::OpenSequenceResponse response;

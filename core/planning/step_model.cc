@@ -42,7 +42,8 @@ StepPrediction PredictStep(const HostModel& host, const GpuLoad& load) {
   const double all_share = LinkShare(host, host_bytes / compute);
   const double ddr_all = host_bytes * gpus_per_socket / host.ddr_bytes_per_second;
   p.stage_all_pcie_bytes = host_bytes;
-  p.stage_all_seconds = std::max({compute, host_bytes / all_share, ddr_all});
+  p.stage_all_gpu_seconds = compute + host_bytes / host.hbm_bytes_per_second;
+  p.stage_all_seconds = std::max({p.stage_all_gpu_seconds, host_bytes / all_share, ddr_all});
 
   // The schedule: resident pages cost only their turnover; staging gets what hides under the
   // step; the rest is attended by the CPU in DDR.
@@ -56,8 +57,9 @@ StepPrediction PredictStep(const HostModel& host, const GpuLoad& load) {
   // reads what is left at cpu_attention_efficiency of it.
   const double cpu_rate =
       host.ddr_bytes_per_second * host.cpu_attention_efficiency / gpus_per_socket;
-  // The budget: what hides under the step, or, when the rest cannot hide anyway, the split at
-  // which the link and the CPU finish together (each path takes bytes in proportion to speed).
+  // The budget: what hides under the step (its weights and T0 part: a lower bound), or, when the
+  // rest cannot hide anyway, the split at which the link and the CPU finish together (each path
+  // takes bytes in proportion to speed).
   const double rest = std::max(0.0, host_bytes - host.staging_bytes);
   const double budget = std::max(share * compute - churn, rest * share / (share + cpu_rate));
   const tiering::StepSchedule s =
@@ -67,8 +69,11 @@ StepPrediction PredictStep(const HostModel& host, const GpuLoad& load) {
   const double cpu = s.in_place_bytes / cpu_rate;
   // DDR is shared by both paths: the copies the link pulls and the CPU's reads.
   const double ddr = gpus_per_socket * (pcie + s.in_place_bytes) / host.ddr_bytes_per_second;
-  const double step = std::max({compute, pcie / share, cpu, ddr});
+  const double gpu =
+      compute + static_cast<double>(s.resident_bytes + s.staged_bytes) / host.hbm_bytes_per_second;
+  const double step = std::max({gpu, pcie / share, cpu, ddr});
   p.schedule_pcie_bytes = pcie;
+  p.schedule_gpu_seconds = gpu;
   p.schedule_seconds = step;
   p.in_place_share = host_bytes > 0 ? s.in_place_bytes / host_bytes : 0;
   p.ddr_bytes_per_second = gpus_per_socket * (pcie + s.in_place_bytes) / step;

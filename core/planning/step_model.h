@@ -5,9 +5,12 @@
 // node-scale simulator (bench/sim) and the capacity planner (`kvtierctl plan`): one host, every
 // GPU carrying the same load, each step either restaging all of its host-side KV over PCIe
 // ("stage all") or following the daemon's schedule (link shares from ShareLinks, pages split by
-// SchedulePages into resident / staged / attended in place by the CPU). Pure; it predicts and
-// measures nothing. What it ignores: PCIe/NVLink contention from tensor-parallel traffic, kernel
-// launch and merge costs, prefill, and the CPU's cost of decoding T2 codes.
+// SchedulePages into resident / staged / attended in place by the CPU). The GPU's side of a step
+// is memory-bound: it reads the weights, T0 and every host-side page it attends from HBM (all of
+// them when staging all; the resident and staged ones under a schedule). Pure; it predicts and
+// measures nothing. What it ignores: PCIe/NVLink contention from tensor-parallel traffic, the
+// copies' writes into HBM, kernel launch and merge costs, prefill, and the CPU's cost of decoding
+// T2 codes.
 
 #include <cstdint>
 
@@ -38,12 +41,14 @@ struct GpuLoad {
 };
 
 struct StepPrediction {
-  double compute_seconds = 0;  // (weights + T0) / HBM: a memory-bound lower bound
-  // Stage all: the whole of T1 and T2 crosses PCIe every step.
+  double compute_seconds = 0;  // (weights + T0) / HBM: what any step reads from HBM
+  // Stage all: the whole of T1 and T2 crosses PCIe every step, and the GPU attends all of it.
   double stage_all_pcie_bytes = 0;
+  double stage_all_gpu_seconds = 0;  // (weights + T0 + T1 + T2) / HBM
   double stage_all_seconds = 0;
-  // The daemon's schedule.
+  // The daemon's schedule: the GPU attends the resident and staged pages, the CPU the rest.
   double schedule_pcie_bytes = 0;
+  double schedule_gpu_seconds = 0;  // (weights + T0 + resident + staged) / HBM
   double schedule_seconds = 0;
   double in_place_share = 0;        // of T1 + T2 bytes, attended by the CPU in DDR
   double ddr_bytes_per_second = 0;  // per socket, under the schedule

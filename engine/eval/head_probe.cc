@@ -27,6 +27,11 @@ absl::Status HeadProbeCache::Append(uint32_t layer, const float* k, const float*
 absl::Status HeadProbeCache::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                                     float* position_mass) {
   RETURN_IF_ERROR(inner_->Attend(layer, q, n, out, position_mass));
+  KeepQueries(layer, q, n);
+  return absl::OkStatus();
+}
+
+void HeadProbeCache::KeepQueries(uint32_t layer, const float* q, uint32_t n) {
   const size_t row = size_t{shape_.num_q_heads} * shape_.head_dim;
   const uint32_t len = inner_->Length(layer);
   const uint32_t first = n > query_capacity_ ? n - query_capacity_ : 0;
@@ -38,7 +43,6 @@ absl::Status HeadProbeCache::Attend(uint32_t layer, const float* q, uint32_t n, 
     queries_[layer].pop_front();
     query_pos_[layer].pop_front();
   }
-  return absl::OkStatus();
 }
 
 void HeadProbeCache::set_query_capacity(uint32_t capacity) {

@@ -27,6 +27,11 @@ class HeadProbeCache final : public worker::AttentionCache {
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
+  // A forked prefill (FanOutCache): keeps the queries as Attend does, without attending. Only
+  // for an inner cache that keeps nothing from an Attend (the baselines' TieredKvStore on the
+  // host, whose scores are the probe's), holding the same K/V, every position live, as the
+  // cache whose result this attention shares.
+  void AttendShared(uint32_t layer, const float* q, uint32_t n) { KeepQueries(layer, q, n); }
 
   void set_query_capacity(uint32_t capacity);
   // Marks (layer, kv_head, position) as no longer attended (mirrors the real cache's mask).
@@ -46,6 +51,7 @@ class HeadProbeCache final : public worker::AttentionCache {
   const worker::AttentionShape& shape() const { return shape_; }
 
  private:
+  void KeepQueries(uint32_t layer, const float* q, uint32_t n);
   // Softmax row of stored query `query` of `layer`, head `head`, into dst[0, L) (dst's masked
   // and future entries are left as they are).
   void Row(uint32_t layer, size_t query, uint32_t head, float* dst,

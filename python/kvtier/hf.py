@@ -128,11 +128,16 @@ class _TieredLayer(CacheLayerMixin):
     def get_seq_length(self) -> int:
         return self._cache._length(self._layer)
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        # transformers < 5.3 passes the query's cache_position tensor instead of its length.
+        if isinstance(query_length, torch.Tensor):
+            query_length = query_length.shape[0]
         return self.get_seq_length() + query_length, 0
 
     def get_max_length(self) -> int:
         return -1
+
+    get_max_cache_shape = get_max_length  # its name before transformers 5.3
 
     def reset(self) -> None:
         self._cache.close()
@@ -659,12 +664,13 @@ def _eager(module, query, key, value, scaling, window: int, softcap: float, atte
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def kvtier_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-                attention_mask=None, **kwargs):
+def kvtier_mask(batch_size, q_length=None, kv_length=None, q_offset=0, kv_offset=0,
+                mask_function=None, attention_mask=None, **kwargs):
     """The ``"kvtier"`` mask: kvtier's kernel is causal, windowed and skips evicted positions
     itself, so only padding adds anything: the 2-D padding mask is passed on (positions past
     its end are real), None without padding. The attention call reads each row's left padding
-    from it and refuses any other."""
+    from it and refuses any other. (transformers < 5.3 passes cache_position instead of
+    q_length and q_offset, which this does not need.)"""
     if attention_mask is None or attention_mask.dim() != 2 or bool(attention_mask.all()):
         return None
     missing = kv_length + kv_offset - attention_mask.shape[-1]

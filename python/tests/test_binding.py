@@ -11,7 +11,11 @@ import time
 
 import numpy as np
 import pytest
-import torch
+
+try:  # the wheel's check in a clean root (scripts/wheel-test) runs without torch
+    import torch
+except ImportError:
+    torch = None
 from conftest import Daemon, program
 
 import kvtier
@@ -61,6 +65,10 @@ DAEMON_SIZES = [37] + [1] * 40
 DAEMON_STEP_S = 0.005
 
 
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+@needs_torch
 @pytest.mark.parametrize("hbm_ratio", [1.0, 0.3])
 def test_attention_is_bit_identical_to_the_engine(tmp_path, hbm_ratio):
     """The binding's tiered sequence against the C++ engine's, bit for bit (and against the
@@ -143,7 +151,10 @@ def test_bad_arrays_raise_and_lose_nothing():
     with pytest.raises(ValueError, match="k has 3 tokens but v has 2"):
         seq.append(0, k, v[:2])
     with pytest.raises(ValueError, match="C-contiguous"):
-        seq.append(0, torch.from_numpy(k).transpose(0, 1).contiguous().transpose(0, 1), v)
+        seq.append(0, k.transpose(1, 0, 2).copy().transpose(1, 0, 2), v)
+    if torch is not None:
+        with pytest.raises(ValueError, match="C-contiguous"):
+            seq.append(0, torch.from_numpy(k).transpose(0, 1).contiguous().transpose(0, 1), v)
     with pytest.raises(ValueError, match="layer 1 is out of range"):
         seq.append(1, k, v)
     assert seq.length(0) == 0  # nothing was stored by the failed calls

@@ -122,6 +122,50 @@ TEST(RuntimeDaemonTest, DaemonPlannedTieringIsBitIdenticalToFull) {
   EXPECT_GT(status->hbm_saved_bytes(), 0u);
 }
 
+// "Protect the last user turn" through kvtierd: the daemon plans with the sequence's
+// protected_prompt_begin (OpenSequenceRequest), so the prompt before it leaves T0 while the
+// turn stays, page for page as local planning places it (plans land at the same steps).
+TEST(RuntimeDaemonTest, TheDaemonProtectsThePromptFromProtectedPromptBegin) {
+  auto daemon = DaemonProcess::Start({});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto local = Runtime("");
+  auto remote = Runtime((*daemon)->address());
+  ASSERT_TRUE(local && remote);
+  SequenceOptions o = Lossless(0.3);
+  o.prompt_tokens = 64;
+  o.protected_prompt_begin = 48;
+  o.tiering.protect_prompt = true;
+  o.tiering.window_tokens = 8;
+  o.wait_for_plans = true;
+  auto here = local->Open(o);
+  auto there = remote->Open(o);
+  ASSERT_TRUE(here.ok() && there.ok()) << there.status();
+  SyntheticEngine engine(Shape(), 5);
+  std::vector<float> a, b;
+  ASSERT_TRUE(engine.Forward(**here, 64, &a).ok());
+  ASSERT_TRUE(engine.Forward(**there, 64, &b).ok());
+  for (int step = 0; step < 40; ++step) {
+    ASSERT_TRUE(engine.Forward(**here, 1, &a).ok());
+    ASSERT_TRUE(engine.Forward(**there, 1, &b).ok());
+  }
+  EXPECT_TRUE((*there)->daemon_backed());
+  EXPECT_GT((*there)->Report().plans, 0u);
+  EXPECT_EQ((*there)->Report().local_plans, 0u);
+  const tiering::Placement p = (*there)->store().placement();
+  EXPECT_EQ(p.tiers, (*here)->store().placement().tiers);
+  int before_begin_off_t0 = 0;
+  for (uint32_t g = 0; g < p.num_groups; ++g) {
+    for (uint32_t page = 0; page < 16; ++page) {  // the prompt: pages [0, 12) before the begin
+      if (page >= 12) {
+        EXPECT_EQ(p.at(g, page), tiering::Tier::kT0) << "group " << g << " page " << page;
+      } else {
+        before_begin_off_t0 += p.at(g, page) != tiering::Tier::kT0;
+      }
+    }
+  }
+  EXPECT_GT(before_begin_off_t0, 0);  // kvtierd protecting the whole prompt keeps all in T0
+}
+
 TEST(RuntimeDaemonTest, DaemonKilledMidSequenceLosesNothingAndWorkersRejoin) {
   const std::string sock = RestartableSocket("runtime-restart");
   auto daemon = DaemonProcess::Start({.socket_path = sock});

@@ -211,8 +211,9 @@ absl::Status TieredSequence::Rejoin() {
   RETURN_IF_ERROR(PromoteAll());
   auto ddr_pool = PoolOverMapping(PoolKind::kDdr, ddr);
   auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, compressed);
-  ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options_.prompt_tokens, wire_policy_,
-                                                      options_.tag, store_->Length(0)));
+  ASSIGN_OR_RETURN(uint64_t id,
+                   client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag,
+                                         store_->Length(0), options_.protected_prompt_begin));
   RETURN_IF_ERROR(store_->RebindPools(ddr_pool.get(), compressed_pool.get()));
   ddr_pool_ = std::move(ddr_pool);
   compressed_pool_ = std::move(compressed_pool);
@@ -294,8 +295,8 @@ absl::Status TieredSequence::Truncate(uint32_t length) {
     acked_version_ = 0;
     daemon_length_ = 0;
     exchange_failed_ = false;
-    absl::StatusOr<uint64_t> id =
-        client_->OpenSequence(options_.prompt_tokens, wire_policy_, options_.tag);
+    absl::StatusOr<uint64_t> id = client_->OpenSequence(
+        options_.prompt_tokens, wire_policy_, options_.tag, 0, options_.protected_prompt_begin);
     if (id.ok()) {
       sequence_id_ = *id;
     } else {

@@ -62,8 +62,8 @@ struct SequenceOptions {
   tiering::TieringConfig tiering;    // budgets, protected set, Δ (page_tokens: the worker's)
   uint64_t prompt_tokens = 0;
   // With tiering.protect_prompt: the first protected prompt position (0 = the whole prompt;
-  // the start of the last user turn protects that turn only). Local planning only: kvtierd
-  // protects the whole prompt.
+  // the start of the last user turn protects that turn only). Sent to kvtierd, which plans
+  // with it too.
   uint64_t protected_prompt_begin = 0;
   std::string tag;  // shown by kvtierctl sequences
   // Daemon mode: wait for each plan at its re-tiering step (one round trip there) instead of

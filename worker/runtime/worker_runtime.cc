@@ -183,7 +183,8 @@ absl::StatusOr<std::unique_ptr<TieredSequence>> WorkerRuntime::Open(
   auto compressed_pool = PoolOverMapping(PoolKind::kCompressed, compressed);
   ASSIGN_OR_RETURN(auto store,
                    MakeStore(store_options, {arena_, ddr_pool.get(), compressed_pool.get()}));
-  ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options.prompt_tokens, wire, options.tag));
+  ASSIGN_OR_RETURN(uint64_t id, client_->OpenSequence(options.prompt_tokens, wire, options.tag, 0,
+                                                      options.protected_prompt_begin));
   auto seq = std::unique_ptr<TieredSequence>(
       new TieredSequence(seq_options, std::move(store), std::move(scores), std::move(policy)));
   seq->client_ = client_.get();

@@ -118,9 +118,12 @@ class WorkerClient {
 
   // `length`: positions the sequence already holds (one re-opened after a lost session), 0 for a
   // new one; the daemon shows it until a heartbeat or snapshot says more.
+  // `protected_prompt_begin`: with the policy's protect_prompt, the first protected prompt
+  // position (0 = the whole prompt; the start of the last user turn protects that turn only).
   virtual absl::StatusOr<uint64_t> OpenSequence(uint64_t prompt_tokens,
                                                 const v1::PolicyConfig& policy,
-                                                const std::string& tag, uint64_t length = 0) = 0;
+                                                const std::string& tag, uint64_t length = 0,
+                                                uint64_t protected_prompt_begin = 0) = 0;
   // Fills worker_id; the rest of the snapshot is the caller's.
   virtual absl::StatusOr<v1::TierPlan> SubmitSnapshot(v1::SubmitSnapshotRequest snapshot) = 0;
   virtual absl::Status AckPlan(uint64_t sequence_id, uint64_t plan_version, bool applied,

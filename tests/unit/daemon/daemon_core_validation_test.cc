@@ -120,6 +120,8 @@ TEST_F(ValidationTest, OpenSequenceRejectsEveryBadField) {
        "prompt_tokens"},
       {"long tag", [](R& r) { r.set_tag(std::string(1000, 't')); }, StatusCode::kInvalidArgument,
        "tag"},
+      {"protected begin past the prompt", [](R& r) { r.set_protected_prompt_begin(11); },
+       StatusCode::kInvalidArgument, "protected_prompt_begin"},
       {"no policy", [](R& r) { r.clear_policy(); }, StatusCode::kInvalidArgument, "policy.name"},
       {"unknown policy", [](R& r) { r.mutable_policy()->set_name("lru"); },
        StatusCode::kInvalidArgument, "policy.name"},

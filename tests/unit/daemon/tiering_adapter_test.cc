@@ -75,7 +75,7 @@ TEST(TieringAdapterTest, HierarchyHoldsBudgetsOnRandomScores) {
       cur.num_pages = n;
       std::vector<float> scores(n);
       for (float& s : scores) s = static_cast<float>(rng() % 1000);
-      auto d = DecidePlacement(*pol, prompt, length, cur, scores);
+      auto d = DecidePlacement(*pol, {.prompt_tokens = prompt, .length = length}, cur, scores);
       ASSERT_TRUE(d.ok());
       uint64_t eligible = 0, evicted = 0, t0 = 0, live = 0, prot = 0;
       for (uint32_t p = 0; p < n; ++p) {
@@ -114,7 +114,7 @@ TEST(TieringAdapterTest, ZeroEvictionAndCompressionUsesOnlyT0AndT1) {
   Placement cur{2, 64, std::vector<Tier>(128, Tier::kT0)};
   std::vector<float> scores(128);
   for (size_t i = 0; i < scores.size(); ++i) scores[i] = static_cast<float>(i % 7);
-  auto d = DecidePlacement(*pol, 100, 64 * 16, cur, scores);
+  auto d = DecidePlacement(*pol, {.prompt_tokens = 100, .length = 64 * 16}, cur, scores);
   ASSERT_TRUE(d.ok());
   int t1 = 0;
   for (Tier t : d->target.tiers) {

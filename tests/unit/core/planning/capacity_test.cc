@@ -1,8 +1,10 @@
 #include "core/planning/capacity.h"
 
 #include <cmath>
+#include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/planning/models.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,6 +57,39 @@ TEST(CapacityTest, Llama3With8BMatchesTheHandComputation) {
   // Parameters: 32 × (2 × 4096² + 2 × 4096 × 1024 + 3 × 4096 × 14336) + 2 × 128256 × 4096
   //   = 8,029,995,008; Meta's 8,030,261,248 adds the norms' 266,240.
   EXPECT_DOUBLE_EQ(plan->gpu_weight_bytes, 2 * 8029995008.0);
+  // Nothing compressed or evicted: restaging all reads what all-in-HBM reads, and the schedule
+  // splits those reads between the GPU and the CPU without losing any.
+  const double hbm = 4.8e12, full = (2 * 8029995008.0 + (32ull << 30)) / hbm;
+  EXPECT_NEAR(plan->full_step_seconds, full, 1e-12);
+  EXPECT_NEAR(plan->step.stage_all_gpu_seconds, full, 1e-12);
+  EXPECT_NEAR(plan->step.schedule_gpu_seconds + plan->step.in_place_share * (16ull << 30) / hbm,
+              full, 1e-9);
+  EXPECT_GE(plan->step.schedule_seconds, full);
+}
+
+TEST(CapacityTest, NoPlanReadsLessThanAllInHbmUnlessPagesAreCompressedOrEvicted) {
+  // A randomized sweep with r = γ = 0: every host-side page is full precision, so whatever a
+  // step does with them, the GPU's reads plus the CPU's equal all-in-HBM's reads, and neither
+  // prediction undercuts it.
+  std::mt19937 rng(20261206);
+  const char* models[] = {"llama3-8b", "qwen2.5-7b", "mistral-7b", "llama3-70b"};
+  for (int i = 0; i < 200; ++i) {
+    const char* model = models[rng() % 4];
+    const uint32_t gpus = std::string(model) == "llama3-70b" ? 8 : 1u << (rng() % 2);
+    const uint64_t context = 4096u << (rng() % 4);
+    const double beta = 0.1 + 0.8 * std::uniform_real_distribution<double>()(rng);
+    auto plan = ComputePlan(Input(model, gpus, 1 + rng() % 16, context, 512, beta, 0, 0));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const double hbm = 4.8e12;
+    const double host_bytes = static_cast<double>(plan->host_t1_bytes) / gpus;
+    SCOPED_TRACE(absl::StrCat(model, " gpus ", gpus, " context ", context, " beta ", beta));
+    EXPECT_NEAR(plan->step.stage_all_gpu_seconds, plan->full_step_seconds, 1e-9);
+    EXPECT_NEAR(plan->step.schedule_gpu_seconds + plan->step.in_place_share * host_bytes / hbm,
+                plan->full_step_seconds, 1e-9);
+    EXPECT_GE(plan->step.stage_all_seconds, plan->full_step_seconds - 1e-12);
+    EXPECT_GE(plan->step.schedule_seconds, plan->step.schedule_gpu_seconds);
+    EXPECT_LE(plan->step.schedule_seconds, plan->step.stage_all_seconds + 1e-12);
+  }
 }
 
 TEST(CapacityTest, Qwen7BMatchesTheHandComputationAndIsSevenTimesUnderAnMhaEstimate) {
@@ -88,16 +123,21 @@ TEST(CapacityTest, Qwen7BMatchesTheHandComputationAndIsSevenTimesUnderAnMhaEstim
   EXPECT_EQ(plan->host_t2_bytes, 4 * 102133248u);
   // Step (docs/scheduling.md's model, 1 GPU: its own link and socket). Weights: 28 × (2 × 3584²
   // + 2 × 3584 × 512 + 3 × 3584 × 18944) + 2 × 152064 × 3584 = 7,615,283,200 parameters (Qwen's
-  // 7.61B) × 2 = 15,230,566,400 B. Compute = (weights + T0) / 4.8 TB/s = 3.3497 ms.
-  // Stage all: T1 + T2 = 2,309,601,280 B a step over 55 GB/s = 41.99 ms. Schedule: it all fits
-  // the 8 GiB staging area, so only the turnover crosses (10% per 64 steps: 3,608,752 B) and
-  // the step is the compute.
+  // 7.61B) × 2 = 15,230,566,400 B. Weights + T0 = 16,078,340,096 B: 3.3497 ms at 4.8 TB/s.
+  // Stage all: T1 + T2 = 2,309,601,280 B a step over 55 GB/s = 41.99 ms (the GPU's reads of all
+  // of it, 3.83 ms, hide under that). Schedule: it all fits the 8 GiB staging area, so only the
+  // turnover crosses (10% per 64 steps: 3,608,752 B) and the step is the GPU reading weights, T0
+  // and the resident pages: 18,387,941,376 B, 3.8308 ms. All in HBM reads weights + 4 × 16384 ×
+  // 57344 B: 3.9563 ms; the schedule's step is shorter only by what T2 and T3 leave unread.
   EXPECT_DOUBLE_EQ(plan->gpu_weight_bytes, 15230566400.0);
   EXPECT_NEAR(plan->step.compute_seconds, 16078340096.0 / 4.8e12, 1e-12);
   EXPECT_DOUBLE_EQ(plan->step.stage_all_pcie_bytes, 2309601280.0);
+  EXPECT_NEAR(plan->step.stage_all_gpu_seconds, 18387941376.0 / 4.8e12, 1e-12);
   EXPECT_NEAR(plan->step.stage_all_seconds, 2309601280.0 / 55e9, 1e-9);
   EXPECT_NEAR(plan->step.schedule_pcie_bytes, 2309601280.0 * 0.1 / 64, 1);
-  EXPECT_NEAR(plan->step.schedule_seconds, plan->step.compute_seconds, 1e-12);
+  EXPECT_NEAR(plan->step.schedule_gpu_seconds, 18387941376.0 / 4.8e12, 1e-12);
+  EXPECT_NEAR(plan->step.schedule_seconds, 18387941376.0 / 4.8e12, 1e-12);
+  EXPECT_NEAR(plan->full_step_seconds, (15230566400.0 + 4 * 16384 * 57344.0) / 4.8e12, 1e-12);
   EXPECT_EQ(plan->step.in_place_share, 0);
 }
 
