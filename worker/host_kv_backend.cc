@@ -38,6 +38,23 @@ absl::Status HostKvBackend::WriteRows(uint8_t* k_dst, uint8_t* v_dst, const floa
   return absl::OkStatus();
 }
 
+absl::Status HostKvBackend::WriteStridedRows(uint8_t* k_dst, uint8_t* v_dst, const float* k,
+                                             RowStrides k_strides, const float* v,
+                                             RowStrides v_strides, uint32_t rows, uint32_t heads,
+                                             uint32_t head_dim) {
+  auto gather = [&](uint8_t* dst_bytes, const float* src, RowStrides strides) {
+    float* dst = reinterpret_cast<float*>(dst_bytes);
+    for (uint32_t t = 0; t < rows; ++t) {
+      for (uint32_t h = 0; h < heads; ++h, dst += head_dim) {
+        std::memcpy(dst, src + t * strides.token + h * strides.head, head_dim * sizeof(float));
+      }
+    }
+  };
+  gather(k_dst, k, k_strides);
+  gather(v_dst, v, v_strides);
+  return absl::OkStatus();
+}
+
 absl::Status HostKvBackend::CopyPage(Tier /*from*/, const uint8_t* src, Tier /*to*/, uint8_t* dst,
                                      uint64_t bytes) {
   kernels::CopyPage(dst, src, bytes);
@@ -152,6 +169,8 @@ absl::Status HostKvBackend::Attend(const AttendCall& call, StoreStats& stats) {
   scratch_.resize(kernels::AttentionScratchFloats(num_q_heads_, length));
   kernels::AttentionParams p;
   p.q = call.q;
+  p.q_token_stride = call.q_strides.token;
+  p.q_head_stride = call.q_strides.head;
   p.out = call.out;
   p.position_mass = call.position_mass;
   p.k_rows = k_rows_.data();

@@ -34,6 +34,9 @@ class HostKvBackend final : public KvBackend {
   absl::Status ClearBlock(uint8_t* block, uint64_t bytes) override;
   absl::Status WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k, const float* v,
                          uint32_t rows, uint64_t row_floats) override;
+  absl::Status WriteStridedRows(uint8_t* k_dst, uint8_t* v_dst, const float* k,
+                                RowStrides k_strides, const float* v, RowStrides v_strides,
+                                uint32_t rows, uint32_t heads, uint32_t head_dim) override;
   absl::Status CopyPage(tiering::Tier from, const uint8_t* src, tiering::Tier to, uint8_t* dst,
                         uint64_t bytes) override;
   absl::Status EncodePage(tiering::Tier from, const uint8_t* src, uint32_t group, uint32_t rows,

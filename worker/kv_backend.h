@@ -90,11 +90,23 @@ struct AttendMask {
   float softcap = 0.f;
 };
 
+// Where the rows of n tokens (queries, or K / V to append) live: token t's head h starts
+// t * token + h * head floats past the base pointer, its head_dim values contiguous. {0, 0} is
+// dense, [n][heads][head_dim]. Another layout, such as transformers' [heads][n][head_dim] views,
+// is read where it lies on the host backend (no copy); a device takes dense rows only.
+struct RowStrides {
+  uint64_t token = 0;
+  uint64_t head = 0;
+
+  bool dense() const { return token == 0 && head == 0; }
+};
+
 // One Attend of one layer over the pages covering [0, length).
 struct AttendCall {
   uint32_t layer = 0;
   uint32_t group = 0;
-  const float* q = nullptr;        // [n][q_heads][head_dim]
+  const float* q = nullptr;        // [n][q_heads][head_dim], or as q_strides say
+  RowStrides q_strides;            // dense unless set (host backend only)
   uint32_t n = 0;                  // queries: the last n positions (causal)
   float* out = nullptr;            // [n][q_heads][head_dim]
   float* position_mass = nullptr;  // [length] or null
@@ -140,6 +152,14 @@ class KvBackend {
   // device memory on a device).
   virtual absl::Status WriteRows(uint8_t* k_dst, uint8_t* v_dst, const float* k, const float* v,
                                  uint32_t rows, uint64_t row_floats) = 0;
+  // The same from K and V rows laid out as their strides say (RowStrides, not dense): `rows`
+  // tokens of `heads` heads of head_dim values each. Host backend only.
+  virtual absl::Status WriteStridedRows(uint8_t* /*k_dst*/, uint8_t* /*v_dst*/, const float* /*k*/,
+                                        RowStrides /*k_strides*/, const float* /*v*/,
+                                        RowStrides /*v_strides*/, uint32_t /*rows*/,
+                                        uint32_t /*heads*/, uint32_t /*head_dim*/) {
+    return absl::UnimplementedError("strided K/V rows are read by the host backend only");
+  }
   // Full-precision page copy between T0 (a block) and T1 (host memory of the DDR pool).
   virtual absl::Status CopyPage(tiering::Tier from, const uint8_t* src, tiering::Tier to,
                                 uint8_t* dst, uint64_t bytes) = 0;

@@ -223,6 +223,19 @@ absl::Status TieredKvStore::EnsurePages(uint32_t group, uint64_t pages) {
 }
 
 absl::Status TieredKvStore::Append(uint32_t layer, const float* k, const float* v, uint32_t n) {
+  return Append(layer, k, RowStrides{}, v, RowStrides{}, n);
+}
+
+absl::Status TieredKvStore::Append(uint32_t layer, const float* k, RowStrides k_strides,
+                                   const float* v, RowStrides v_strides, uint32_t n) {
+  const bool dense = k_strides.dense() && v_strides.dense();
+  if (!dense && !backend_->host_t0()) {
+    return absl::UnimplementedError("strided K/V rows are read by the host backend only");
+  }
+  // One side strided, the other dense: the dense one's strides spelled out ({0, 0} is a marker).
+  const RowStrides dense_strides{row_floats_, geometry_.head_dim};
+  if (k_strides.dense()) k_strides = dense_strides;
+  if (v_strides.dense()) v_strides = dense_strides;
   if (layer >= geometry_.num_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " out of range [0, ", geometry_.num_layers, ")"));
@@ -252,9 +265,14 @@ absl::Status TieredKvStore::Append(uint32_t layer, const float* k, const float* 
     const uint32_t rows = std::min(n - i, pt - pos % pt);
     PageEntry& entry = pages_[group][pos / pt];
     uint8_t* base = PageBytes(group, pos / pt) + layer_off;
-    RETURN_IF_ERROR(backend_->WriteRows(
-        base + uint64_t{pos % pt} * row_bytes, base + (uint64_t{pt} + pos % pt) * row_bytes,
-        k + i * row_floats_, v + i * row_floats_, rows, row_floats_));
+    uint8_t* k_dst = base + uint64_t{pos % pt} * row_bytes;
+    uint8_t* v_dst = base + (uint64_t{pt} + pos % pt) * row_bytes;
+    RETURN_IF_ERROR(dense ? backend_->WriteRows(k_dst, v_dst, k + i * row_floats_,
+                                                v + i * row_floats_, rows, row_floats_)
+                          : backend_->WriteStridedRows(k_dst, v_dst, k + i * k_strides.token,
+                                                       k_strides, v + i * v_strides.token,
+                                                       v_strides, rows, geometry_.num_kv_heads,
+                                                       geometry_.head_dim));
     entry.version += rows;
     i += rows;
   }
@@ -394,11 +412,15 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
 }
 
 absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
-                                   float* position_mass, const AttendMask& mask) {
+                                   float* position_mass, const AttendMask& mask,
+                                   RowStrides q_strides) {
   if ((mask.window != 0 || mask.softcap != 0.f) && !backend_->host_t0()) {
     return absl::UnimplementedError(
         absl::StrCat("a sliding window (", mask.window, ") or softcap (", mask.softcap,
                      ") is computed by the host backend only, not on a device"));
+  }
+  if (!q_strides.dense() && !backend_->host_t0()) {
+    return absl::UnimplementedError("strided queries are read by the host backend only");
   }
   if (!(mask.softcap >= 0.f) || std::isinf(mask.softcap)) {
     return absl::InvalidArgumentError(
@@ -407,6 +429,7 @@ absl::Status TieredKvStore::Attend(uint32_t layer, const float* q, uint32_t n, f
   AttendCall call;
   RETURN_IF_ERROR(PrepareAttend(layer, q, n, out, position_mass, &call));
   call.mask = mask;
+  call.q_strides = q_strides;
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(backend_->Attend(call, stats_));
   stats_.attend_nanos += NanosSince(start);

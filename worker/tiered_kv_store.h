@@ -131,12 +131,18 @@ class TieredKvStore final : public AttentionCache {
   // (the backend accumulates the cumulative score: TakeScores).
   uint32_t Length(uint32_t layer) const override;
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
+  // The same from K and V rows laid out as their strides say (RowStrides: transformers'
+  // [kv_heads][n][head_dim] views are read where they lie); UNIMPLEMENTED on a device backend
+  // for any but dense rows.
+  absl::Status Append(uint32_t layer, const float* k, RowStrides k_strides, const float* v,
+                      RowStrides v_strides, uint32_t n);
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
-  // The same with a sliding window and/or a softcap (AttendMask); UNIMPLEMENTED on a device
-  // backend when either is set.
+  // The same with a sliding window and/or a softcap (AttendMask), and queries laid out as
+  // q_strides say (out stays dense); UNIMPLEMENTED on a device backend when either is set or
+  // the queries are not dense.
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out, float* position_mass,
-                      const AttendMask& mask);
+                      const AttendMask& mask, RowStrides q_strides = {});
   void SetTaskRunner(kernels::TaskRunner* runner) override { backend_->SetTaskRunner(runner); }
   // One decode query of `layer` per store (its last position), attended in one batch: on a
   // device backend one kernel for all of them, elsewhere one after the other, the same results

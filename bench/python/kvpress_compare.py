@@ -12,7 +12,8 @@ case-insensitive) and by retention against the full cache.
         bench/python/kvpress_compare.py --tasks passkey,niah_number,multikey --lengths 1k \\
         --items 2 --ratios 0.75 --out OUT
 
-Writes OUT/results.csv (one row per item × question × configuration) and OUT/summary.md.
+Writes OUT/results.csv (one row per item × question × configuration, appended as they come: a
+restarted run skips what is there) and OUT/summary.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1].parent
+REPO = Path(__file__).resolve().parents[2]
 
 PRESSES = ("snapkv", "streaming_llm", "expected_attention", "kvzip", "knorm")
 KVTIER = ("kvtier_offload", "kvtier_evict")
@@ -139,13 +140,24 @@ def main() -> int:
         configs += [(f"{name} c{ratio:g}", name, ratio) for name in presses]
         configs += [(f"{name} c{ratio:g}", name, ratio) for name in kvtiers]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    started = time.perf_counter()
+    results = args.out / "results.csv"
+    # Rows are appended as they come; a restarted run skips the (item, configuration) pairs
+    # already there (and their full-cache marks come from the file).
+    rows = list(csv.DictReader(open(results))) if results.exists() else []
+    for row in rows:
+        for key in ("question", "correct", "full_correct"):
+            row[key] = int(row[key])
+        for key in ("t0_share", "t1_share", "deleted_share"):
+            row[key] = float(row[key])
+    done = {(r["item"], r["config"]) for r in rows}
     print(f"{len(items)} items × {len(configs)} configurations, torch threads "
           f"{torch.get_num_threads()}", file=sys.stderr)
     for item in items:
-        full_correct = None
+        full_correct = [r["correct"] for r in rows if (r["item"], r["config"]) ==
+                        (item["id"], "full")]
         for label, name, ratio in configs:
+            if (item["id"], label) in done:
+                continue
             t0 = time.perf_counter()
             tiered = name in KVTIER
             model.set_attn_implementation("kvtier" if tiered else "sdpa")
@@ -167,27 +179,31 @@ def main() -> int:
             marks = [correct(r, q["answers"]) for r, q in zip(replies, item["questions"])]
             if name is None:
                 full_correct = marks
+            new_rows = []
             for turn, (reply, mark) in enumerate(zip(replies, marks)):
-                rows.append({
+                new_rows.append({
                     "item": item["id"], "task": item["task"], "length": item["length"],
                     "question": turn, "config": label, "ratio": ratio or 0.0,
                     "correct": int(mark), "full_correct": int(full_correct[turn]),
                     "context_tokens": context, "t0_share": round(shares[0], 4),
                     "t1_share": round(shares[1], 4), "deleted_share": round(shares[2], 4),
                     "seconds": round(time.perf_counter() - t0, 2), "reply": reply})
+            fresh = not results.exists()
+            with open(results, "a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(new_rows[0]))
+                if fresh:
+                    writer.writeheader()
+                writer.writerows(new_rows)
+            rows += new_rows
             print(f"  {item['id']}: {label}: {sum(marks)}/{len(marks)} T0 {shares[0]:.2f} "
                   f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    with open(args.out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    summary = summarize(rows, [c[0] for c in configs], time.perf_counter() - started)
+    summary = summarize(rows, [c[0] for c in configs])
     (args.out / "summary.md").write_text(summary)
     print(summary)
     return 0
 
 
-def summarize(rows: list[dict], labels: list[str], seconds: float) -> str:
+def summarize(rows: list[dict], labels: list[str]) -> str:
     """Per configuration and task: the full cache's answers right / asked; every other row the
     retention (of those the full cache gets right, how many it keeps), then its mean T0, T1 and
     deleted shares of the context."""
@@ -209,7 +225,9 @@ def summarize(rows: list[dict], labels: list[str], seconds: float) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) +
                      f" | {share[0]:.2f} | {share[1]:.2f} | {share[2]:.2f} |")
     lines.append("")
-    lines.append(f"{len(rows)} answers, {seconds:.0f} s.")
+    runs = {(r["item"], r["config"]): float(r["seconds"]) for r in rows}
+    lines.append(f"{len(rows)} answers; {sum(runs.values()):.0f} s of pipeline runs "
+                 f"({len(runs)} item × configuration runs).")
     return "\n".join(lines) + "\n"
 
 

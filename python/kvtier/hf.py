@@ -534,12 +534,13 @@ class TieredCache(Cache):
             # Positions of this call that are the row's left padding are not stored; their
             # outputs stay 0 (no real position ever attends them).
             skip = max(0, self.starts[row] - past)
-            # The kernel computes in float32; other dtypes are converted at this edge.
-            k = key[row, :, skip:].detach().transpose(0, 1).to(torch.float32).contiguous()
-            v = value[row, :, skip:].detach().transpose(0, 1).to(torch.float32).contiguous()
-            seq.append(layer, k, v)
-            q = query[row, :, skip:].detach().transpose(0, 1).to(torch.float32).contiguous()
-            seq.attend(layer, q, out[row, skip:], window=window, softcap=softcap)
+            # The kernel reads transformers' [heads, n, head_dim] views where they lie (no
+            # copy); it computes in float32, so other dtypes are converted at this edge.
+            k = key[row, :, skip:].detach().to(torch.float32)
+            v = value[row, :, skip:].detach().to(torch.float32)
+            seq.append_heads_first(layer, k, v)
+            q = query[row, :, skip:].detach().to(torch.float32)
+            seq.attend_heads_first(layer, q, out[row, skip:], window=window, softcap=softcap)
         return (out if dtype == torch.float32 else out.to(dtype)), None
 
 

@@ -24,6 +24,7 @@
 #include "kvtier/client.h"
 #include "python/src/block_binding.h"
 #include "python/src/proto_dict.h"
+#include "worker/kv_backend.h"
 #include "worker/runtime/report_json.h"
 #include "worker/runtime/worker_runtime.h"
 
@@ -179,6 +180,40 @@ float* CheckedFloats(const nb::ndarray<>& a, const char* what, std::vector<int64
   return static_cast<float*>(a.data());
 }
 
+// A float32 CPU array of shape [heads, n, head_dim] (transformers' layout, one batch row) with
+// any positive strides but contiguous head_dim values, as the kernel reads it in place.
+struct HeadsFirst {
+  const float* data = nullptr;
+  uint32_t n = 0;
+  worker::RowStrides strides;  // dense ({}) when the view is [n][heads][head_dim] in memory
+};
+
+HeadsFirst CheckedHeadsFirst(const nb::ndarray<>& a, const char* what, int64_t heads, int64_t d) {
+  if (a.device_type() != nb::device::cpu::value || a.dtype() != nb::dtype<float>() ||
+      a.ndim() != 3 || static_cast<int64_t>(a.shape(0)) != heads ||
+      static_cast<int64_t>(a.shape(2)) != d) {
+    throw nb::value_error(absl::StrCat(what, ": needs a float32 CPU array of shape [", heads,
+                                       ", n, ", d, "] (heads first), got ", ShapeString(a))
+                              .c_str());
+  }
+  // A zero stride (a broadcast view) of a dimension that has several entries is refused: the
+  // kernel reads 0 as "dense".
+  if ((d > 1 && a.stride(2) != 1) || (heads > 1 && a.stride(0) <= 0) ||
+      (a.shape(1) > 1 && a.stride(1) <= 0)) {
+    throw nb::value_error(absl::StrCat(what,
+                                       ": head_dim must be contiguous and the other "
+                                       "strides positive (call .contiguous()), got [",
+                                       a.stride(0), ", ", a.stride(1), ", ", a.stride(2), "]")
+                              .c_str());
+  }
+  HeadsFirst view{static_cast<const float*>(a.data()), static_cast<uint32_t>(a.shape(1)), {}};
+  const uint64_t head = heads > 1 ? a.stride(0) : d, token = view.n > 1 ? a.stride(1) : heads * d;
+  if (head != static_cast<uint64_t>(d) || token != static_cast<uint64_t>(heads * d)) {
+    view.strides = {token, head};
+  }
+  return view;
+}
+
 template <typename T>
 nb::ndarray<nb::numpy, T, nb::ndim<1>> NumpyOf(std::vector<T> values) {
   auto* owned = new std::vector<T>(std::move(values));
@@ -236,6 +271,31 @@ class Sequence {
     if (mass.has_value()) mp = CheckedFloats(*mass, "mass", {Live()->Length(layer)});
     ThrowIfError(Live()->Attend(layer, qp, static_cast<uint32_t>(q.shape(0)), op, mp,
                                 worker::AttendMask{window, softcap}));
+  }
+
+  // Append and Attend on transformers' [heads, n, head_dim] views of one batch row, read
+  // where they lie (RowStrides): the same results, bit for bit, as on contiguous copies.
+  void AppendHeadsFirst(uint32_t layer, const nb::ndarray<>& k, const nb::ndarray<>& v) {
+    const int64_t kvh = shape_.num_kv_heads, d = shape_.head_dim;
+    const HeadsFirst kv = CheckedHeadsFirst(k, "k", kvh, d);
+    const HeadsFirst vv = CheckedHeadsFirst(v, "v", kvh, d);
+    if (kv.n != vv.n) {
+      throw nb::value_error(absl::StrCat("k has ", kv.n, " tokens but v has ", vv.n).c_str());
+    }
+    ThrowIfError(CheckLayer(layer));
+    ThrowIfError(Live()->Append(layer, kv.data, kv.strides, vv.data, vv.strides, kv.n));
+  }
+
+  void AttendHeadsFirst(uint32_t layer, const nb::ndarray<>& q, const nb::ndarray<>& out,
+                        const std::optional<nb::ndarray<>>& mass, uint32_t window, float softcap) {
+    const int64_t h = shape_.num_q_heads, d = shape_.head_dim;
+    const HeadsFirst qv = CheckedHeadsFirst(q, "q", h, d);
+    float* op = CheckedFloats(out, "out", {static_cast<int64_t>(qv.n), h, d});
+    ThrowIfError(CheckLayer(layer));
+    float* mp = nullptr;
+    if (mass.has_value()) mp = CheckedFloats(*mass, "mass", {Live()->Length(layer)});
+    ThrowIfError(Live()->Attend(layer, qv.data, qv.n, op, mp, worker::AttendMask{window, softcap},
+                                qv.strides));
   }
 
   uint32_t Length(uint32_t layer) const {
@@ -481,6 +541,15 @@ NB_MODULE(_native, m) {
            "window > 0: the query at position P attends only positions > P - window; "
            "softcap > 0: scores become softcap * tanh(score / softcap) before the softmax. "
            "After the last layer the step ends (and re-tiers on a re-tiering step).")
+      .def("append_heads_first", &Sequence::AppendHeadsFirst, "layer"_a, "k"_a, "v"_a,
+           "append() on float32 [kv_heads, n, head_dim] views (transformers' layout of one "
+           "batch row: key[row]), any strides with contiguous head_dim: read in place, no copy.")
+      .def("attend_heads_first", &Sequence::AttendHeadsFirst, "layer"_a, "q"_a, "out"_a,
+           "mass"_a = nb::none(), nb::kw_only(), "window"_a = 0, "softcap"_a = 0.f,
+           "attend() with q a float32 [q_heads, n, head_dim] view (query[row]), any strides "
+           "with contiguous head_dim, read in place; out stays [n, q_heads, head_dim] "
+           "C-contiguous (what transformers' attention returns). Bit-identical to attend() on "
+           "a contiguous copy.")
       .def("length", &Sequence::Length, "layer"_a = 0)
       .def("retier", &Sequence::Retier, "Re-tiers now, whatever the step.")
       .def("truncate", &Sequence::Truncate, "length"_a,

@@ -100,9 +100,9 @@ float Dot(const float* a, const float* b, uint32_t n) {
 void ScoreRows(const float* q, const float* const* rows, uint32_t hd, float* dots) {
   for (int j = 0; j < 4; ++j) dots[j] = Dot(q, rows[j], hd);
 }
-void ScoreGroup(const float* q, uint32_t heads, const float* const* rows, uint32_t hd,
-                float* dots) {
-  for (uint32_t g = 0; g < heads; ++g) ScoreRows(q + size_t{g} * hd, rows, hd, dots + 4 * g);
+void ScoreGroup(const float* q, size_t q_stride, uint32_t heads, const float* const* rows,
+                uint32_t hd, float* dots) {
+  for (uint32_t g = 0; g < heads; ++g) ScoreRows(q + g * q_stride, rows, hd, dots + 4 * g);
 }
 void Scale4(const float* src, float f, float* dst) {
   for (int j = 0; j < 4; ++j) dst[j] = src[j] * f;
@@ -199,12 +199,13 @@ void ScoreRows(const float* q, const float* const* rows, uint32_t hd, float* dot
   _mm_storeu_ps(dots, r);
 }
 
-// ScoreRows for G query heads (q + g * hd) at once: each K chunk is loaded once for all G. Every
-// dot keeps ScoreRows' FMA chain and reduction tree, so the scores are the same bit for bit.
+// ScoreRows for G query heads (q + g * q_stride) at once: each K chunk is loaded once for all G.
+// Every dot keeps ScoreRows' FMA chain and reduction tree, so the scores are the same bit for bit.
 // The loops over heads and rows are unrolled so that the accumulators live in registers (GCC
 // kept them on the stack otherwise: a store and a reload around every FMA).
 template <int G>
-inline void ScoreRowsG(const float* q, const float* const* rows, uint32_t hd, float* dots) {
+inline void ScoreRowsG(const float* q, size_t q_stride, const float* const* rows, uint32_t hd,
+                       float* dots) {
   __m256 acc[G][4];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
@@ -214,7 +215,7 @@ inline void ScoreRowsG(const float* q, const float* const* rows, uint32_t hd, fl
   for (uint32_t d = 0; d < hd; d += 8) {
     __m256 qv[G];
 #pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) qv[g] = _mm256_loadu_ps(q + g * hd + d);
+    for (int g = 0; g < G; ++g) qv[g] = _mm256_loadu_ps(q + g * q_stride + d);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       const __m256 k = _mm256_loadu_ps(rows[j] + d);
@@ -235,13 +236,13 @@ inline void Scale4(const float* src, float f, float* dst) {
   _mm_storeu_ps(dst, _mm_mul_ps(_mm_loadu_ps(src), _mm_set1_ps(f)));
 }
 
-// dots[4 * g + j] = q_g . rows[j] for the `heads` query heads at q (q + g * hd).
-void ScoreGroup(const float* q, uint32_t heads, const float* const* rows, uint32_t hd,
-                float* dots) {
+// dots[4 * g + j] = q_g . rows[j] for the `heads` query heads at q (q + g * q_stride).
+void ScoreGroup(const float* q, size_t q_stride, uint32_t heads, const float* const* rows,
+                uint32_t hd, float* dots) {
   uint32_t g = 0;
-  for (; g + 3 <= heads; g += 3) ScoreRowsG<3>(q + size_t{g} * hd, rows, hd, dots + 4 * g);
-  for (; g + 2 <= heads; g += 2) ScoreRowsG<2>(q + size_t{g} * hd, rows, hd, dots + 4 * g);
-  for (; g < heads; ++g) ScoreRows(q + size_t{g} * hd, rows, hd, dots + 4 * g);
+  for (; g + 3 <= heads; g += 3) ScoreRowsG<3>(q + g * q_stride, q_stride, rows, hd, dots + 4 * g);
+  for (; g + 2 <= heads; g += 2) ScoreRowsG<2>(q + g * q_stride, q_stride, rows, hd, dots + 4 * g);
+  for (; g < heads; ++g) ScoreRows(q + g * q_stride, rows, hd, dots + 4 * g);
 }
 
 float MaxOf(const float* s, uint32_t n) {

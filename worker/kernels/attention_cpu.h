@@ -30,6 +30,11 @@ struct AttentionParams {
   // [num_queries][num_q_heads][head_dim]; query t sits at position length - num_queries + t and
   // attends causally to positions [0, that position].
   const float* q = nullptr;
+  // Floats between consecutive queries and between the heads of one query (0: dense, as above),
+  // so that a [num_q_heads][num_queries][head_dim] view (transformers' layout) needs no copy.
+  // A head's head_dim values are contiguous. The result does not depend on them.
+  size_t q_token_stride = 0;
+  size_t q_head_stride = 0;
   // [num_queries][num_q_heads][head_dim], overwritten.
   float* out = nullptr;
   // [length] or null. Overwritten with the softmax weight of each position summed over query

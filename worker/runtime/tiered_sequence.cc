@@ -67,13 +67,19 @@ absl::Status TieredSequence::Append(uint32_t layer, const float* k, const float*
   return store_->Append(layer, k, v, n);
 }
 
+absl::Status TieredSequence::Append(uint32_t layer, const float* k, RowStrides k_strides,
+                                    const float* v, RowStrides v_strides, uint32_t n) {
+  return store_->Append(layer, k, k_strides, v, v_strides, n);
+}
+
 absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                                     float* position_mass) {
   return Attend(layer, q, n, out, position_mass, AttendMask{});
 }
 
 absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
-                                    float* position_mass, const AttendMask& mask) {
+                                    float* position_mass, const AttendMask& mask,
+                                    RowStrides q_strides) {
   if (layer >= layer_mass_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   }
@@ -84,8 +90,8 @@ absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, 
   if (!device_scores) mass.resize(store_->Length(layer));
   {
     ScopedTimer timer(&report_.attend_nanos);
-    RETURN_IF_ERROR(
-        store_->Attend(layer, q, n, out, device_scores ? position_mass : mass.data(), mask));
+    RETURN_IF_ERROR(store_->Attend(layer, q, n, out, device_scores ? position_mass : mass.data(),
+                                   mask, q_strides));
   }
   if (position_mass != nullptr) std::copy(mass.begin(), mass.end(), position_mass);
   if (layer + 1 == layer_mass_.size()) return EndForwardPass(n);

@@ -80,6 +80,9 @@ class TieredSequence final : public AttentionCache {
 
   uint32_t Length(uint32_t layer) const override { return store_->Length(layer); }
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
+  // The same from strided K and V rows (TieredKvStore::Append's RowStrides overload).
+  absl::Status Append(uint32_t layer, const float* k, RowStrides k_strides, const float* v,
+                      RowStrides v_strides, uint32_t n);
   // Attends and accumulates scores; after the last layer of a forward pass the step ends, and
   // on a re-tiering step the sequence re-tiers before returning. On the CUDA backend (see
   // RuntimeOptions::backend) k, v, q and out are device memory, enqueued on the runtime's
@@ -87,9 +90,10 @@ class TieredSequence final : public AttentionCache {
   // score on the device and the sequence reads it once per re-tiering.
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
-  // The same with the layer's sliding window and/or softcap (TieredKvStore::Attend).
+  // The same with the layer's sliding window and/or softcap, and strided queries
+  // (TieredKvStore::Attend).
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out, float* position_mass,
-                      const AttendMask& mask);
+                      const AttendMask& mask, RowStrides q_strides = {});
   void SetTaskRunner(kernels::TaskRunner* runner) override { store_->SetTaskRunner(runner); }
   // Attend(layer, q_i, 1, out_i, nullptr) for each sequence's decode query, in one batch
   // (TieredKvStore::AttendBatch: one kernel on the CUDA backend); scores, the end of the

@@ -329,6 +329,54 @@ TEST(AttentionCpuTest, SplitDecodeIsBitIdenticalToOneThread) {
   }
 }
 
+// The queries laid out heads first, [q_heads][n][head_dim] with `pad` unused floats after each
+// head's run (transformers' layout of one batch row, a view into a wider tensor), read through
+// q_token_stride / q_head_stride: bit-identical to the dense queries, on every ISA, alone and
+// split over threads, for decode and prefill, with a window and a softcap.
+TEST(AttentionCpuTest, StridedQueriesAreBitIdenticalToDense) {
+  const Shape shapes[] = {{9, 3, 64, 600, 1},
+                          {9, 3, 64, 300, 20},
+                          {8, 1, 24, 90, 5},
+                          {12, 2, 32, 530, 1},
+                          {3, 1, 7, 40, 3}};
+  uint32_t seed = 300;
+  for (const Shape& s : shapes) {
+    for (uint32_t pad : {0u, 5u}) {
+      Case c(s, ++seed, 0.2, 0.1);
+      c.window = seed % 2 == 0 ? 33 : 0;
+      c.softcap = seed % 3 == 0 ? 2.f : 0.f;
+      const size_t head_run = size_t{s.n} * s.head_dim + pad;
+      std::vector<float> heads_first(s.q_heads * head_run, NAN);
+      for (uint32_t t = 0; t < s.n; ++t) {
+        for (uint32_t h = 0; h < s.q_heads; ++h) {
+          std::memcpy(heads_first.data() + h * head_run + size_t{t} * s.head_dim,
+                      c.q.data() + (size_t{t} * s.q_heads + h) * s.head_dim, s.head_dim * 4);
+        }
+      }
+      for (Isa isa : UsableIsas(s.head_dim)) {
+        for (int threads : {1, 3}) {
+          SCOPED_TRACE(testing::Message()
+                       << "L" << s.length << " n" << s.n << " d" << s.head_dim << " pad " << pad
+                       << " isa " << static_cast<int>(isa) << " threads " << threads);
+          ThreadRunner runner(threads);
+          TaskRunner* r = threads == 1 ? nullptr : &runner;
+          const Result dense = RunWith(c, isa, r);
+          Result strided{std::vector<float>(dense.out.size(), NAN),
+                         std::vector<float>(s.length, NAN)};
+          std::vector<float> scratch;
+          AttentionParams p = c.Params(strided.out.data(), strided.mass.data(), scratch);
+          p.q = heads_first.data();
+          p.q_token_stride = s.head_dim;
+          p.q_head_stride = head_run;
+          p.runner = r;
+          Attention(p, isa);
+          ExpectBitIdentical(dense, strided);
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionCpuTest, PrefillDoesNotDependOnThreadCount) {
   // 70 queries = five blocks of 16: waves of 2 and 3 blocks, and one block at a time.
   Case c({9, 3, 64, 300, 70}, 7, 0.1, 0.1);

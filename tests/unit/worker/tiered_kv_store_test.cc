@@ -19,8 +19,25 @@ using ::kvtier::worker::testing::Rig;
 using ::kvtier::worker::testing::SmolLmGeometry;
 using ::testing::HasSubstr;
 
+// Dense rows [n][heads][d] laid out heads first, [heads][n][d] with `pad` unused floats after
+// each head's run (transformers' layout of one batch row), and the strides that read them.
+std::vector<float> HeadsFirst(const std::vector<float>& dense, uint32_t n, uint32_t heads,
+                              uint32_t d, uint32_t pad, RowStrides* strides) {
+  const size_t run = size_t{n} * d + pad;
+  std::vector<float> out(heads * run, NAN);
+  for (uint32_t t = 0; t < n; ++t) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      std::memcpy(out.data() + h * run + size_t{t} * d, dense.data() + (size_t{t} * heads + h) * d,
+                  d * sizeof(float));
+    }
+  }
+  *strides = {d, run};
+  return out;
+}
+
 // Drives a reference store (every page in T0, never moved) and a store under test with the
 // same tokens and queries, and compares their attention bit for bit (or within a tolerance).
+// With heads_first, the store under test reads K, V and Q heads first through RowStrides.
 class TwinDriver {
  public:
   TwinDriver(const TieredKvStoreOptions& options, uint32_t seed)
@@ -32,6 +49,7 @@ class TwinDriver {
   TieredKvStore& ref() { return *ref_; }
   Rig& rig() { return rig_; }
   std::mt19937& rng() { return rng_; }
+  void set_heads_first(bool on) { heads_first_ = on; }
 
   // One forward pass of n tokens: per layer, append then attend (as an engine does). Compares
   // outputs and position mass: exactly when tol < 0, else within tol.
@@ -42,12 +60,24 @@ class TwinDriver {
     for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
       auto k = RandomVector(rng_, n * row), v = RandomVector(rng_, n * row);
       ASSERT_TRUE(ref_->Append(layer, k.data(), v.data(), n).ok());
-      ASSERT_TRUE(test_->Append(layer, k.data(), v.data(), n).ok());
       auto q = RandomVector(rng_, n * qrow);
       const uint32_t len = ref_->Length(layer);
       std::vector<float> out_ref(n * qrow), out_test(n * qrow), mass_ref(len), mass_test(len);
       ASSERT_TRUE(ref_->Attend(layer, q.data(), n, out_ref.data(), mass_ref.data()).ok());
-      ASSERT_TRUE(test_->Attend(layer, q.data(), n, out_test.data(), mass_test.data()).ok());
+      if (heads_first_) {
+        RowStrides ks, vs, qs;
+        const auto kh = HeadsFirst(k, n, g.num_kv_heads, g.head_dim, layer % 3, &ks);
+        // V dense on odd layers: one side strided, the other not.
+        const auto vh = layer % 2 == 0 ? HeadsFirst(v, n, g.num_kv_heads, g.head_dim, 1, &vs) : v;
+        const auto qh = HeadsFirst(q, n, options_.num_q_heads, g.head_dim, 2, &qs);
+        ASSERT_TRUE(test_->Append(layer, kh.data(), ks, vh.data(), vs, n).ok());
+        ASSERT_TRUE(
+            test_->Attend(layer, qh.data(), n, out_test.data(), mass_test.data(), AttendMask{}, qs)
+                .ok());
+      } else {
+        ASSERT_TRUE(test_->Append(layer, k.data(), v.data(), n).ok());
+        ASSERT_TRUE(test_->Attend(layer, q.data(), n, out_test.data(), mass_test.data()).ok());
+      }
       if (tol < 0) {
         ASSERT_EQ(std::memcmp(out_ref.data(), out_test.data(), out_ref.size() * 4), 0)
             << "layer " << layer << " length " << len;
@@ -94,6 +124,7 @@ class TwinDriver {
   Rig rig_;
   std::mt19937 rng_;
   TieredKvStoreOptions options_;
+  bool heads_first_ = false;
   std::unique_ptr<TieredKvStore> ref_, test_;
 };
 
@@ -128,6 +159,27 @@ TEST(TieredKvStoreZeroErrorTest, BitIdenticalWhateverTheT0T1SplitRandomizedShape
       ASSERT_NO_FATAL_FAILURE(d.Step(1));
     }
     // Everything in T1, then a prefill-sized chunk on top.
+    d.RandomRetier({Tier::kT1}, 1.0);
+    ASSERT_NO_FATAL_FAILURE(d.Step(5));
+  }
+}
+
+// K, V and Q read heads first (transformers' [heads][n][head_dim] views, RowStrides) store and
+// attend exactly what dense rows do, whatever the T0/T1 split.
+TEST(TieredKvStoreZeroErrorTest, HeadsFirstRowsAreBitIdenticalToDenseRows) {
+  std::mt19937 rng(2027);
+  for (int trial = 0; trial < 40; ++trial) {
+    const TieredKvStoreOptions o = RandomOptions(rng);
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " kv " << o.geometry.num_kv_heads << " q " << o.num_q_heads
+                 << " d " << o.geometry.head_dim << " page " << o.geometry.page_tokens);
+    TwinDriver d(o, 500 + trial);
+    d.set_heads_first(true);
+    d.Step(std::uniform_int_distribution<uint32_t>(1, 40)(d.rng()));
+    for (int step = 0; step < 12; ++step) {
+      if (step % 3 == 0) d.RandomRetier({Tier::kT0, Tier::kT1}, 0.5);
+      ASSERT_NO_FATAL_FAILURE(d.Step(1));
+    }
     d.RandomRetier({Tier::kT1}, 1.0);
     ASSERT_NO_FATAL_FAILURE(d.Step(5));
   }
