@@ -75,7 +75,9 @@ TEST(FanOutCache, SharedPrefillEqualsEveryMemberAttendingForItself) {
       }
       for (auto& s : set->seqs) ASSERT_TRUE(s->AfterPrefill().ok());
       if (set == &shared) shared_count = fan.shared();
-      if (set == &verified) EXPECT_EQ(fan.shared(), 0u);
+      if (set == &verified) {
+        EXPECT_EQ(fan.shared(), 0u);
+      }
     }
     EXPECT_EQ(shared_count, 5u * kShape.num_layers);  // the five baselines' probes
     for (uint32_t step = 0; step < steps; ++step) {
