@@ -26,6 +26,9 @@ mkdir -p "$tmp/site/nvidia/cublas/lib" "$tmp/build/bin" "$tmp/path" "$tmp/out"
 rm "$tmp/libkvtierreallygone.so"
 stand_in() { printf '#!/usr/bin/env bash\n%s\n' "$2" >"$1"; chmod +x "$1"; }
 stand_in "$tmp/build/bin/cuda_runtime_gpu_test" 'echo "[  PASSED  ] 4 tests."'
+for t in cuda_schedule_gpu_test tiered_sequence_cuda_gpu_test runtime_daemon_cuda_gpu_test; do
+  stand_in "$tmp/build/bin/$t" 'echo "[  PASSED  ] 2 tests."'
+done
 stand_in "$tmp/build/bin/cuda_engine_gpu_test" "echo \"\$@\" >$tmp/engine-args; sleep 60"
 stand_in "$tmp/build/bin/vmm_pool_gpu_test" 'printf "[  SKIPPED ] VmmPoolGpuTest.Import (0 ms)\n[  PASSED  ] 0 tests.\n[  SKIPPED ] 1 test, listed below:\n[  SKIPPED ] VmmPoolGpuTest.Import\n"'
 stand_in "$tmp/build/bin/kvtier-gpu-probe" 'echo driver_version=13000; echo probe=PASS'
@@ -58,7 +61,8 @@ check "the real model is opt-in" "$r" "real model: not carried (opt-in)"
 printf 'int main(void) { return 0; }\n' >"$tmp/hello.c"
 mkdir -p "$tmp/b2/bin"
 "$cc" -o "$tmp/hello" "$tmp/hello.c" || exit 1
-for t in cuda_kernels_gpu_test cuda_runtime_gpu_test cuda_store_gpu_test cuda_engine_gpu_test \
+for t in cuda_kernels_gpu_test cuda_runtime_gpu_test cuda_store_gpu_test cuda_schedule_gpu_test \
+         tiered_sequence_cuda_gpu_test runtime_daemon_cuda_gpu_test cuda_engine_gpu_test \
          vmm_pool_gpu_test kvtier-gpu-bench kvtierd kvtier-gpu-probe; do cp "$tmp/hello" "$tmp/b2/bin/$t"; done
 KVTIER_GPU_BUILD_DIR="$tmp/b2" "$src/scripts/gpu-check" --pack "$tmp/pack" >"$tmp/pack.log" 2>&1
 rc=$?
