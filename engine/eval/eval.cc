@@ -21,6 +21,7 @@
 #include "engine/eval/eval_sequence.h"
 #include "engine/eval/fan_out_cache.h"
 #include "engine/eval/metrics.h"
+#include "engine/eval/results_csv.h"
 #include "engine/model.h"
 
 namespace kvtier::engine {
@@ -442,26 +443,9 @@ absl::StatusOr<std::set<uint64_t>> PrepareOut(const Shared& s, const nlohmann::j
     std::ofstream(results) << header << "\n";
     return done;
   }
-  std::ifstream in(results);
-  std::string header, line;
-  std::getline(in, header);
-  std::map<uint64_t, std::vector<std::string>> by_line;
-  const size_t columns = std::size(kColumns);
-  while (std::getline(in, line)) {
-    std::vector<std::string> f = absl::StrSplit(line, ',');
-    if (f.size() != columns) continue;  // a line cut by an interruption
-    by_line[std::stoull(f[0])].push_back(line);
-  }
-  std::string kept = header + "\n";
-  for (auto& [q, lines] : by_line) {
-    if (lines.size() != s.configs.size()) continue;
-    done.insert(q);
-    for (const std::string& l : lines) absl::StrAppend(&kept, l, "\n");
-  }
-  const fs::path tmp = results.string() + ".tmp";
-  std::ofstream(tmp) << kept;
-  fs::rename(tmp, results);
-  return done;
+  return KeepCompleteGroups<uint64_t>(
+      results, std::size(kColumns), [](const std::string& f) { return std::stoull(f); },
+      [&s](const uint64_t&, size_t rows) { return rows == s.configs.size(); });
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "engine/eval/fan_out_cache.h"
 #include "engine/eval/grid.h"
 #include "engine/eval/metrics.h"
+#include "engine/eval/results_csv.h"
 #include "engine/model.h"
 
 namespace kvtier::engine {
@@ -286,25 +287,12 @@ absl::StatusOr<std::set<std::string>> PrepareOut(const Run& run, const nlohmann:
                                : std::min<uint32_t>(run.options.turns, item.questions.size());
     expected[item.id] = turns * run.configs.size();
   }
-  std::ifstream in(results);
-  std::string header, line;
-  std::getline(in, header);
-  std::map<std::string, std::vector<std::string>> by_item;
-  while (std::getline(in, line)) {
-    std::vector<std::string> f = absl::StrSplit(line, ',');
-    if (f.size() != std::size(kColumns)) continue;  // a line cut by an interruption
-    by_item[f[0]].push_back(line);
-  }
-  std::string kept = header + "\n";
-  for (auto& [id, lines] : by_item) {
-    if (!expected.contains(id) || lines.size() != expected[id]) continue;
-    done.insert(id);
-    for (const std::string& l : lines) absl::StrAppend(&kept, l, "\n");
-  }
-  const fs::path tmp = results.string() + ".tmp";
-  std::ofstream(tmp) << kept;
-  fs::rename(tmp, results);
-  return done;
+  return KeepCompleteGroups<std::string>(
+      results, std::size(kColumns), [](const std::string& f) { return f; },
+      [&expected](const std::string& id, size_t rows) {
+        auto it = expected.find(id);
+        return it != expected.end() && rows == it->second;
+      });
 }
 
 absl::Status Validate(const TaskEvalOptions& o) {
