@@ -95,12 +95,14 @@ def decode_rate(model, ids, cache, new_tokens: int) -> float:
     """Greedy decode tokens/s after an untimed prefill."""
     import torch
 
+    from kvtier.hf import cache_kwargs
+
     with torch.no_grad():
-        model(input_ids=ids, cache=cache, use_cache=True)
+        model(input_ids=ids, **cache_kwargs(cache), use_cache=True)
         token = ids[:, -1:]
         start = time.perf_counter()
         for _ in range(new_tokens):
-            logits = model(input_ids=token, cache=cache, use_cache=True).logits
+            logits = model(input_ids=token, **cache_kwargs(cache), use_cache=True).logits
             token = logits[:, -1].argmax(-1, keepdim=True)
         return new_tokens / (time.perf_counter() - start)
 

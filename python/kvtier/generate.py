@@ -174,7 +174,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
 def run(args) -> dict:
     import torch
 
-    from kvtier.hf import TieredCache
+    from kvtier.hf import TieredCache, cache_kwargs
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -196,7 +196,7 @@ def run(args) -> dict:
                         local_fallback=False)  # --daemon asked for kvtierd: say it is down
     progress = Progress(args.max_new_tokens, quiet=args.json)
     with torch.no_grad():
-        out = model.generate(ids, cache=cache, max_new_tokens=args.max_new_tokens,
+        out = model.generate(ids, **cache_kwargs(cache), max_new_tokens=args.max_new_tokens,
                              do_sample=False, streamer=progress)
     done = time.perf_counter()
     tokens = out[0, ids.shape[1]:].tolist()

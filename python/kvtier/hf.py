@@ -15,8 +15,8 @@ NotImplementedError by name (docs/python.md lists the model families that work).
 never renumbered: an evicted token keeps its place, so RoPE positions and ``cache_position``
 stay those of the full sequence.
 
-Tested with the transformers version pinned in python/requirements.txt (docs/python.md says
-what a newer one needs). One kvtier sequence per batch row: a left-padded batch (what
+Tested with transformers 5.2 to 5.24 (docs/python.md, "Versions"): pass the cache as
+``**kvtier.hf.cache_kwargs(cache)`` to reach it under the name the installed one reads. One kvtier sequence per batch row: a left-padded batch (what
 ``generate`` builds for prompts of different lengths) stores each row from its first real token.
 ``crop`` rolls back (speculative decoding); beam search is refused before anything is stored.
 CPU tensors; the GPU path is the CUDA backend's.
@@ -25,6 +25,7 @@ CPU tensors; the GPU path is the CUDA backend's.
 from __future__ import annotations
 
 import atexit
+import inspect
 import math
 import sys
 import threading
@@ -33,19 +34,37 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import transformers
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.generation.utils import GenerationMixin
 from transformers.modeling_utils import PreTrainedModel
 
 from kvtier import _native
 from kvtier._socket import daemon_from_env
 
-__all__ = ["TieredCache", "kvtier_attention", "ATTN_IMPLEMENTATION"]
+__all__ = ["TieredCache", "kvtier_attention", "ATTN_IMPLEMENTATION", "CACHE_KEYWORD", "cache_kwargs"]
 
 ATTN_IMPLEMENTATION = "kvtier"
 POLICIES = ("full", "hierarchy", "streaming")
+
+# The keyword models' forward and generate() take a cache under: transformers 5.24 renamed
+# ``past_key_values`` to ``cache`` (the old name still works there, with a FutureWarning);
+# before 5.24 a ``cache=`` would reach the attention functions unread.
+_TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+CACHE_KEYWORD = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"
+
+
+# DynamicCache.crop(n) before transformers 5.16 or so: n > 0 is the length to keep (n < 0
+# removes -n positions); later: only n <= 0, positive raises.
+_CROP_TAKES_LENGTH = "max_length" in inspect.signature(DynamicCache.crop).parameters
+
+
+def cache_kwargs(cache) -> dict:
+    """``model(**kvtier.hf.cache_kwargs(cache))``: the cache under the keyword this transformers
+    reads (``cache`` from 5.24, ``past_key_values`` before)."""
+    return {CACHE_KEYWORD: cache}
 
 
 @dataclass
@@ -300,7 +319,7 @@ class TieredCache(Cache):
         changes); one below the length kvtierd last saw brings the row's offloaded pages back
         to T0 (kvtierd's lengths only grow)."""
         tokens_to_remove = int(tokens_to_remove)
-        if tokens_to_remove > 0:
+        if tokens_to_remove > 0 and not _CROP_TAKES_LENGTH:
             raise ValueError(
                 f"TieredCache.crop({tokens_to_remove}): give a negative number of positions to "
                 "remove (as DynamicCache.crop does)"
@@ -308,6 +327,10 @@ class TieredCache(Cache):
         if tokens_to_remove == 0 or not self.sequences:
             return
         length = self._length(0)
+        if tokens_to_remove > 0:  # the length to keep, as this transformers' crop reads it
+            tokens_to_remove = min(0, tokens_to_remove - length)
+            if tokens_to_remove == 0:
+                return
         if -tokens_to_remove > length - max(self.starts):
             raise ValueError(
                 f"TieredCache.crop({tokens_to_remove}): the cache holds {length} positions, "
@@ -626,6 +649,12 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
         _pending.value = None  # consumed, whether this call attends or is refused
     else:
         pending = None
+    if pending is None and isinstance(kwargs.get("cache"), TieredCache):
+        raise TypeError(
+            f"a TieredCache passed as cache= reached the attention unread: transformers "
+            f"{transformers.__version__} takes the cache as past_key_values= (cache= from 5.24); "
+            "nothing was stored. Pass **kvtier.hf.cache_kwargs(cache) for either"
+        )
     window, softcap = _check_call(module, query, key, value, dropout, dict(kwargs))
     if scaling is None:
         scaling = query.shape[-1] ** -0.5

@@ -16,7 +16,7 @@ import transformers as tf
 from transformers import DynamicCache
 
 import kvtier.hf  # noqa: F401  (registers "kvtier")
-from kvtier.hf import TieredCache
+from kvtier.hf import TieredCache, cache_kwargs
 
 PROMPT, STEPS = 12, 20  # 32 positions: past every window below
 WINDOW = 8
@@ -79,7 +79,7 @@ def build(name: str, dtype=torch.float32):
 
 def forward(model, ids, cache):
     with torch.no_grad():
-        return model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1]
+        return model(input_ids=ids, **cache_kwargs(cache), use_cache=True).logits[0, -1]
 
 
 def prompt(model):
@@ -150,6 +150,23 @@ def test_window_and_softcap_change_the_answer():
         layer.self_attn.attn_logit_softcapping = None
     plain, _ = chain(model, TieredCache(policy="full"))
     assert (plain - logits).abs().max().item() > 1e-2
+
+
+def test_the_cache_keyword_this_transformers_does_not_read_is_refused():
+    """transformers 5.24 reads cache= (and past_key_values=, with a FutureWarning); before, only
+    past_key_values=, and a cache= would reach the attention unread: refused, not ignored."""
+    model, _ = build("llama-gqa7")
+    ids = prompt(model)
+    cache = TieredCache(policy="full")
+    with torch.no_grad():
+        if kvtier.hf.CACHE_KEYWORD == "cache":
+            with pytest.warns(FutureWarning):
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+            assert cache.get_seq_length() == ids.shape[1]
+        else:
+            with pytest.raises(TypeError, match=r"past_key_values=.*cache_kwargs"):
+                model(input_ids=ids, cache=cache, use_cache=True)
+            assert cache.sequences == []
 
 
 @pytest.mark.parametrize("family", ["Falcon", "Bloom", "Mpt"])

@@ -9,7 +9,7 @@ import torch
 from conftest import chat_ids, e2e_prompts
 from transformers import DynamicCache
 
-from kvtier.hf import TieredCache
+from kvtier.hf import TieredCache, cache_kwargs
 
 NEW_TOKENS = 128
 LOGIT_TOLERANCE = 2e-3  # max |Δ logit|; logits are O(10), f32 sums in another order
@@ -18,7 +18,7 @@ SCORE_TOLERANCE = 1e-4  # max |Δ cumulative score|; scores are O(1)
 
 def generate(model, ids, attn, cache):
     model.set_attn_implementation(attn)
-    out = model.generate(ids, cache=cache, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+    out = model.generate(ids, **cache_kwargs(cache), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                          do_sample=False, output_logits=True, return_dict_in_generate=True)
     return out.sequences[0, ids.shape[1]:], torch.stack(out.logits)[:, 0]
 
@@ -49,13 +49,13 @@ def test_cumulative_scores_match_eager_attention_weights(hf_model):
     for _ in range(6):
         model.set_attn_implementation("eager")
         with torch.no_grad():
-            out = model(input_ids=token, cache=reference, use_cache=True, output_attentions=True)
+            out = model(input_ids=token, **cache_kwargs(reference), use_cache=True, output_attentions=True)
         mass = sum(a[0].double().sum(dim=(0, 1)) for a in out.attentions) / (layers * heads)
         expect = torch.cat([expect, torch.zeros(len(mass) - len(expect), dtype=torch.float64)])
         expect += mass
         model.set_attn_implementation("kvtier")
         with torch.no_grad():
-            model(input_ids=token, cache=cache, use_cache=True)
+            model(input_ids=token, **cache_kwargs(cache), use_cache=True)
         got = cache.scores().double()
         assert got.shape == expect.shape
         assert (got - expect).abs().max().item() < SCORE_TOLERANCE

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import model_path, program
 
-from kvtier.hf import TieredCache
+from kvtier.hf import TieredCache, cache_kwargs
 
 SETTINGS = dict(hbm_ratio=0.25, evict_ratio=0.0, page_tokens=16, window_tokens=32, sink_tokens=4,
                 protect_prompt=False, retier_interval=256)
@@ -24,13 +24,13 @@ SETTINGS = dict(hbm_ratio=0.25, evict_ratio=0.0, page_tokens=16, window_tokens=3
 def greedy(model, ids, cache, max_new):
     out = []
     with torch.no_grad():
-        logits = model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1]
+        logits = model(input_ids=ids, **cache_kwargs(cache), use_cache=True).logits[0, -1]
         for _ in range(max_new):
             token = int(logits.argmax())
             if token in (0, 2):
                 break
             out.append(token)
-            logits = model(input_ids=torch.tensor([[token]]), cache=cache,
+            logits = model(input_ids=torch.tensor([[token]]), **cache_kwargs(cache),
                            use_cache=True).logits[0, -1]
     return out
 
