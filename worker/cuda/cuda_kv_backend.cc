@@ -862,10 +862,11 @@ absl::Status CudaKvBackend::AttendSplit(const AttendCall& call, StoreStats& stat
   }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(buf.uploaded));  // its last upload ran
   if (q_floats + part_floats > buf.capacity) {
+    // Doubled: the length grows by one a step, and cudaFreeHost waits for the device.
+    const uint64_t n = std::max<uint64_t>(q_floats + part_floats, 2 * buf.capacity);
     cudaFreeHost(buf.host);
     buf.host = nullptr;
     buf.capacity = 0;
-    const uint64_t n = std::max<uint64_t>(q_floats + part_floats, 2 * buf.capacity);
     KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&buf.host, n * sizeof(float)));
     buf.capacity = n;
   }
