@@ -80,11 +80,29 @@ absl::StatusOr<BandwidthResult> MeasureBandwidth(uint64_t bytes, int reps) {
   for (uint64_t off = 0; off + 32768 <= bytes; off += 32768) {
     blocks.push_back({off, ((off / 32768) * 7919 % (bytes / 32768)) * 32768, 32768});
   }
+  // The stager's pattern: layer l's 32 KiB block of each 28-layer page, a sequence's 64 pages
+  // in consecutive slots one pitched copy.
+  const uint64_t page = 28 * 32768, pages = bytes / page;
+  std::vector<worker::cuda::StridedRun> pitched;
+  uint64_t pitched_rows = 0;
+  for (uint64_t l = 0; l < 28; ++l) {
+    for (uint64_t first = 0; first < pages; first += 64) {
+      std::vector<CopyRun> sequence;
+      for (uint64_t p = first; p < std::min(pages, first + 64); ++p) {
+        sequence.push_back({p * page + l * 32768, (l * pages + p) * 32768, 32768});
+      }
+      for (const auto& run : worker::cuda::GroupStrided(sequence, chunk)) pitched.push_back(run);
+      pitched_rows += sequence.size();
+    }
+  }
   uint8_t* host = (*shm)->data();
   absl::StatusOr<double> v;
   auto h2d = [&] { return issuer.Issue(whole, host, dev, s); };
   auto d2h = [&] { return issuer.Issue(whole, dev, host, s); };
   auto h2d_blocks = [&] { return issuer.Issue(blocks, host, dev, s); };
+  auto h2d_pitched = [&] {
+    return issuer.Issue(absl::Span<const worker::cuda::StridedRun>(pitched), host, dev, s);
+  };
   auto copy = [&](void* dst, const void* src) {
     return worker::cuda::CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
                                     "cudaMemcpyAsync");
@@ -94,6 +112,9 @@ absl::StatusOr<BandwidthResult> MeasureBandwidth(uint64_t bytes, int reps) {
   if (v.ok() && (v = Time(s, bytes, reps, d2h)).ok()) r.shm_d2h_gbps = *v;
   if (v.ok() && (v = Time(s, blocks.size() * 32768, reps, h2d_blocks)).ok()) {
     r.shm_h2d_blocks_gbps = *v;
+  }
+  if (v.ok() && (v = Time(s, pitched_rows * 32768, reps, h2d_pitched)).ok()) {
+    r.shm_h2d_pitched_gbps = *v;
   }
   if (v.ok() && (v = Time(s, bytes, reps, [&] { return copy(dev, peak); })).ok()) {
     r.peak_h2d_gbps = *v;

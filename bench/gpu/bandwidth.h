@@ -17,8 +17,11 @@ struct BandwidthResult {
   double pin_seconds = 0;   // cudaHostRegister of the whole mapping, chunk by chunk
   double shm_h2d_gbps = 0;  // one large copy per pinned chunk
   double shm_d2h_gbps = 0;
-  double shm_h2d_blocks_gbps = 0;  // 32 KiB blocks in one batched call (the staging pattern)
-  double peak_h2d_gbps = 0;        // cudaMallocHost
+  double shm_h2d_blocks_gbps = 0;  // 32 KiB blocks in one batched call (the old staging)
+  // What the stager issues for one layer of pages in consecutive slots: 32 KiB rows at the 7B
+  // page pitch (28 layers × 32 KiB), 64 rows per pitched copy (GroupStrided + CopyIssuer).
+  double shm_h2d_pitched_gbps = 0;
+  double peak_h2d_gbps = 0;  // cudaMallocHost
   double peak_d2h_gbps = 0;
 };
 

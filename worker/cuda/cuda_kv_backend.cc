@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
 #include "core/tiering/scores.h"
+#include "worker/cuda/arena_buffers.h"
 #include "worker/cuda/cuda_api.h"
 #include "worker/cuda/cuda_device_arena.h"
 #include "worker/cuda/cuda_status.h"
@@ -32,6 +33,10 @@ using tiering::Tier;
 
 // Queries of one prefill launch: bounds the kernel's workspace (it grows with batch × length).
 constexpr uint32_t kMaxBatch = 32;
+// Blocks of one compressed offload or restore batch (the T2 scratch ring).
+constexpr uint32_t kT2ScratchBlocks = 256;
+// Staging entries a store starts with (regrown by doubling, at least to what a layer needs).
+constexpr uint32_t kFirstStagingEntries = 64;
 
 // Pool registrations for DMA, one per pool memory for every store of the worker (registering a
 // range twice fails), keyed by the memory's owner (the client's mapping) and holding it: a
@@ -154,15 +159,20 @@ void CountStaging(const StagedLayer& staged, StoreStats& stats) {
   stats.staged_batched_calls += staged.batched_calls;
 }
 
-// Device buffer that only grows (contents are not kept).
+// Device buffer that only grows (contents are not kept), in the HBM budget. The old one may
+// still be read by work queued on `stream`, the only stream that uses it.
 template <typename T>
-absl::Status Grow(T** p, uint64_t* capacity, uint64_t needed) {
+absl::Status Grow(ArenaBuffers& device, cudaStream_t stream, T** p, uint64_t* capacity,
+                  uint64_t needed, std::string_view what) {
   if (needed <= *capacity) return absl::OkStatus();
   const uint64_t n = std::max(needed, 2 * *capacity);
-  if (*p != nullptr) KVTIER_CUDA_RETURN_IF_ERROR(cudaFree(*p));  // synchronizes the device
+  if (*p != nullptr) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    device.Free(*p);
+  }
   *p = nullptr;
   *capacity = 0;
-  KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(p, n * sizeof(T)));
+  RETURN_IF_ERROR(device.Allocate(p, n * sizeof(T), what));
   *capacity = n;
   return absl::OkStatus();
 }
@@ -170,8 +180,10 @@ absl::Status Grow(T** p, uint64_t* capacity, uint64_t needed) {
 class CudaKvBackend final : public KvBackend {
  public:
   CudaKvBackend(const TieredKvStoreOptions& options, const codecs::Codec* codec,
-                cudaStream_t compute, PinnedPools* pinned)
-      : layout_{options.geometry, codec},
+                cudaStream_t compute, PinnedPools* pinned, DeviceArena* arena)
+      : device_(arena),
+        arena_(arena),
+        layout_{options.geometry, codec},
         num_q_heads_(options.num_q_heads),
         scale_(AttentionScale(options)),
         compute_(compute),
@@ -261,6 +273,9 @@ class CudaKvBackend final : public KvBackend {
   // Host-to-device bytes it issued go to `stats`.
   absl::Status PrefetchNext(const AttendCall& call, bool split, StoreStats& stats);
 
+  // Working memory in the HBM budget; declared first, so freed last.
+  ArenaBuffers device_;
+  DeviceArena* arena_;  // not owned: the worker's
   KvLayout layout_;
   uint32_t num_q_heads_;
   float scale_;
@@ -307,15 +322,10 @@ class CudaKvBackend final : public KvBackend {
 CudaKvBackend::~CudaKvBackend() {
   (void)Drain();
   stager_.reset();
-  for (PageTable& t : tables_) {
+  for (PageTable& t : tables_) {  // device memory is device_'s, freed after this
     cudaFreeHost(t.host);
-    cudaFree(t.dev);
     if (t.uploaded != nullptr) cudaEventDestroy(t.uploaded);
   }
-  cudaFree(workspace_);
-  cudaFree(mass_);
-  cudaFree(scores_);
-  cudaFree(split_dev_);
   for (SplitBuffer& b : split_bufs_) {
     cudaFreeHost(b.host);
     if (b.q_ready != nullptr) cudaEventDestroy(b.q_ready);
@@ -332,7 +342,8 @@ LayerStagerOptions CudaKvBackend::StagerOptions(uint32_t entries) const {
   o.head_dim = layout_.geometry.head_dim;
   o.dtype = dtype_;
   o.codec = CodecKindOf(*layout_.codec);
-  o.max_offload_batch = 256;
+  o.max_offload_batch = kT2ScratchBlocks;
+  o.arena = arena_;
   return o;
 }
 
@@ -351,7 +362,7 @@ absl::Status CudaKvBackend::BindPools(PagePool* ddr, PagePool* compressed) {
     t2_ = t2_pins_.get();
   }
   // Without a T1 pool no page leaves T0 for host memory: nothing to stage or copy.
-  return t1_ != nullptr ? EnsureStager(64) : absl::OkStatus();
+  return t1_ != nullptr ? EnsureStager(kFirstStagingEntries) : absl::OkStatus();
 }
 
 absl::Status CudaKvBackend::EnsureStager(uint32_t entries) {
@@ -359,8 +370,9 @@ absl::Status CudaKvBackend::EnsureStager(uint32_t entries) {
   if (stager_ != nullptr && stager_->options().entries_per_slot >= entries) {
     return absl::OkStatus();
   }
-  const uint32_t n =
-      stager_ == nullptr ? entries : std::max(entries, 2 * stager_->options().entries_per_slot);
+  // A store without one (a growth the HBM budget refused) starts over at the first size.
+  const uint32_t n = std::max(
+      entries, stager_ == nullptr ? kFirstStagingEntries : 2 * stager_->options().entries_per_slot);
   // The old slots may still be read by queued attention; the stager drains its own streams.
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
   stager_.reset();
@@ -420,7 +432,8 @@ absl::Status CudaKvBackend::WriteRows(uint8_t* k_dst, uint8_t* v_dst, const floa
 
 absl::Status CudaKvBackend::CopyPage(Tier from, const uint8_t* src, Tier to, uint8_t* dst,
                                      uint64_t bytes) {
-  if (stager_ == nullptr) return absl::FailedPreconditionError("the store has no T1 pool");
+  if (t1_ == nullptr) return absl::FailedPreconditionError("the store has no T1 pool");
+  RETURN_IF_ERROR(EnsureStager(kFirstStagingEntries));
   const uint64_t block = BlockBytes();
   const uint32_t layers = static_cast<uint32_t>(bytes / block);
   if (from == Tier::kT0 && to == Tier::kT1) {
@@ -456,9 +469,10 @@ absl::Status CudaKvBackend::EncodePage(Tier from, const uint8_t* src, uint32_t g
     return host_.EncodePage(from, reinterpret_cast<const uint8_t*>(widened_.data()), group, rows,
                             dst);
   }
-  if (stager_ == nullptr || t2_ == nullptr) {
+  if (t1_ == nullptr || t2_ == nullptr) {
     return absl::FailedPreconditionError("the store has no T2 pool");
   }
+  RETURN_IF_ERROR(EnsureStager(kFirstStagingEntries));
   // The device codec quantizes whole pages: the page being written never reaches T2.
   if (rows != layout_.geometry.page_tokens) {
     return absl::InvalidArgumentError(
@@ -485,9 +499,10 @@ absl::Status CudaKvBackend::DecodePage(const uint8_t* src, uint32_t group, uint3
     Narrow(widened_.data(), widened_.size(), dst);
     return absl::OkStatus();
   }
-  if (stager_ == nullptr || t2_ == nullptr) {
+  if (t1_ == nullptr || t2_ == nullptr) {
     return absl::FailedPreconditionError("the store has no T2 pool");
   }
+  RETURN_IF_ERROR(EnsureStager(kFirstStagingEntries));
   std::vector<RestoreOp> ops;
   for (uint32_t l = 0; l < layout_.geometry.LayersInGroup(group); ++l) {
     ops.push_back({static_cast<uint64_t>(src - t2_->base()) +
@@ -621,12 +636,14 @@ absl::StatusOr<PageTable*> CudaKvBackend::UploadTable(const std::vector<LaunchPa
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(t.uploaded));
   if (bytes > t.capacity) {
     const uint64_t n = std::max<uint64_t>(bytes, 2 * t.capacity);
+    // The old copies were last read by uploads on the compute stream.
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
     cudaFreeHost(t.host);
-    cudaFree(t.dev);
+    device_.Free(t.dev);
     t.host = t.dev = nullptr;
     t.capacity = 0;
     KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&t.host, n));
-    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&t.dev, n));
+    RETURN_IF_ERROR(device_.Allocate(&t.dev, n, "page table"));
     t.capacity = n;
   }
   t.pages = pages;
@@ -668,13 +685,15 @@ absl::Status CudaKvBackend::EnsureScores(uint32_t length) {
   const uint64_t cap = std::max<uint64_t>({length, 2 * score_capacity_, 1024});
   const uint32_t groups = layout_.geometry.layer_groups;
   float* grown = nullptr;
-  KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&grown, groups * cap * sizeof(float)));
+  RETURN_IF_ERROR(device_.Allocate(&grown, groups * cap * sizeof(float), "cumulative scores"));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(grown, 0, groups * cap * sizeof(float), compute_));
   if (scores_ != nullptr) {
     KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
         grown, cap * sizeof(float), scores_, score_capacity_ * sizeof(float),
         score_capacity_ * sizeof(float), groups, cudaMemcpyDeviceToDevice, compute_));
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaFree(scores_));  // synchronizes the device
+    // The old scores are read by the copy above and by queued launches, all on compute_.
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+    device_.Free(scores_);
   }
   scores_ = grown;
   score_capacity_ = cap;
@@ -706,9 +725,11 @@ absl::Status CudaKvBackend::LaunchAttention(const std::vector<LaunchPart>& parts
   for (const LaunchPart& part : parts) max_length = std::max(max_length, part.call->length);
   const uint32_t batch = std::min(table.queries, kMaxBatch);
   RETURN_IF_ERROR(
-      Grow(&workspace_, &workspace_floats_,
-           kc::PagedDecodeWorkspaceBytes(batch, max_length, num_q_heads_, g.head_dim) / 4));
-  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, uint64_t{batch} * max_length));
+      Grow(device_, compute_, &workspace_, &workspace_floats_,
+           kc::PagedDecodeWorkspaceBytes(batch, max_length, num_q_heads_, g.head_dim) / 4,
+           "attention workspace"));
+  RETURN_IF_ERROR(Grow(device_, compute_, &mass_, &mass_floats_, uint64_t{batch} * max_length,
+                       "position mass"));
   const AttendCall& first = *parts[0].call;
   const float weight = tiering::DeviceMassWeight(num_q_heads_, g.LayersInGroup(first.group));
   for (uint32_t r0 = 0; r0 < table.queries; r0 += kMaxBatch) {
@@ -781,7 +802,8 @@ absl::Status CudaKvBackend::StageFor(const AttendCall& call, bool split, StoreSt
                                      std::vector<uint8_t*>* staged, bool* any) {
   staged->assign(layout_.geometry.NumPages(call.length), nullptr);
   *any = false;
-  if (stager_ == nullptr) return absl::OkStatus();
+  if (t1_ == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(EnsureStager(kFirstStagingEntries));  // gone if a growth was refused
   BuildRequests(call, call.layer, split);
   if (requests_.empty() && resident_requests_.empty()) return absl::OkStatus();
   // Sized first: a larger stager is a new one, with an empty resident area.
@@ -840,14 +862,16 @@ absl::Status CudaKvBackend::AttendSplit(const AttendCall& call, StoreStats& stat
   }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(buf.uploaded));  // its last upload ran
   if (q_floats + part_floats > buf.capacity) {
+    // Doubled: the length grows by one a step, and cudaFreeHost waits for the device.
+    const uint64_t n = std::max<uint64_t>(q_floats + part_floats, 2 * buf.capacity);
     cudaFreeHost(buf.host);
     buf.host = nullptr;
     buf.capacity = 0;
-    const uint64_t n = std::max<uint64_t>(q_floats + part_floats, 2 * buf.capacity);
     KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&buf.host, n * sizeof(float)));
     buf.capacity = n;
   }
-  RETURN_IF_ERROR(Grow(&split_dev_, &split_dev_floats_, 2 * part_floats));
+  RETURN_IF_ERROR(
+      Grow(device_, compute_, &split_dev_, &split_dev_floats_, 2 * part_floats, "split partials"));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf.host, call.q, q_floats * sizeof(float),
                                               cudaMemcpyDeviceToHost, compute_));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(buf.q_ready, compute_));
@@ -858,9 +882,10 @@ absl::Status CudaKvBackend::AttendSplit(const AttendCall& call, StoreStats& stat
   const std::vector<LaunchPart> parts = {{this, &call, &staged}};
   ASSIGN_OR_RETURN(PageTable * table, UploadTable(parts));
   RETURN_IF_ERROR(EnsureScores(length));
-  RETURN_IF_ERROR(Grow(&workspace_, &workspace_floats_,
-                       kc::PagedDecodeWorkspaceBytes(1, length, heads, g.head_dim) / 4));
-  RETURN_IF_ERROR(Grow(&mass_, &mass_floats_, length));
+  RETURN_IF_ERROR(Grow(device_, compute_, &workspace_, &workspace_floats_,
+                       kc::PagedDecodeWorkspaceBytes(1, length, heads, g.head_dim) / 4,
+                       "attention workspace"));
+  RETURN_IF_ERROR(Grow(device_, compute_, &mass_, &mass_floats_, length, "position mass"));
   float* dev_part[2] = {split_dev_, split_dev_ + part_floats};  // GPU's, CPU's
   kc::PagedDecodeParams p = DecodeParams();
   p.q = call.q;
@@ -1005,7 +1030,8 @@ class CudaStoreBackends final : public StoreBackends {
       const TieredKvStoreOptions& options) override {
     ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(options.codec));
     RETURN_IF_ERROR(ValidateForDevice(options, *codec));
-    return std::unique_ptr<KvBackend>(new CudaKvBackend(options, codec, stream_, &pinned_));
+    return std::unique_ptr<KvBackend>(
+        new CudaKvBackend(options, codec, stream_, &pinned_, arena_.get()));
   }
 
  private:
@@ -1015,6 +1041,42 @@ class CudaStoreBackends final : public StoreBackends {
 };
 
 }  // namespace
+
+uint64_t StoreWorkingBytes(const StoreWorkingShape& s) {
+  const layout::KvGeometry& g = s.geometry;
+  LayerStagerOptions o;
+  o.page_tokens = g.page_tokens;
+  o.num_kv_heads = g.num_kv_heads;
+  o.head_dim = g.head_dim;
+  o.dtype = g.element_bytes == 2 ? kc::KvDtype::kBf16 : kc::KvDtype::kF32;
+  o.max_offload_batch = kT2ScratchBlocks;
+  if (s.t2_codec != nullptr) o.codec = CodecKindOf(*s.t2_codec);
+  const bool t2 = s.t2_codec != nullptr;
+  // Two slots, regrown to max(needed, twice the last) from 64 entries: below twice the most a
+  // layer stages. The resident area: a slot per layer of the schedule's resident pages.
+  const uint64_t slot_entries = std::max<uint64_t>(kFirstStagingEntries, 2 * s.staged_pages);
+  const uint64_t stager =
+      (2 * slot_entries + uint64_t{g.num_layers} * s.resident_pages) * o.SlotEntryBytes(t2) +
+      (t2 ? 2 * uint64_t{kT2ScratchBlocks} * o.ScratchEntryBytes() : 0);
+  // Launch buffers grow to max(needed, twice the last): below twice the largest need. A
+  // prefill is one store's launch of up to max_tokens queries; a batch's launch holds the
+  // page tables of every store in it.
+  const uint64_t len = s.max_tokens;
+  const uint64_t queries = std::max<uint64_t>(s.batch, len);
+  const uint64_t rows = std::min<uint64_t>(kMaxBatch, queries);
+  const uint64_t table = uint64_t{s.batch} * g.NumPages(len) * sizeof(void*) +
+                         queries * (2 * sizeof(int32_t) + sizeof(float*));
+  const uint64_t workspace = kc::PagedDecodeWorkspaceBytes(
+      static_cast<uint32_t>(rows), static_cast<uint32_t>(len), s.num_q_heads, g.head_dim);
+  const uint64_t mass = rows * len * sizeof(float);
+  const uint64_t split = 2 * (uint64_t{s.num_q_heads} * (g.head_dim + 1 + len)) * sizeof(float);
+  const uint64_t launch = (g.num_layers + 1) * table + workspace + mass + split;
+  const uint64_t scores = uint64_t{g.layer_groups} * std::max<uint64_t>(1024, 2 * len) * 4;
+  // Each allocation rounded up to the arena's alignment: the tables, workspace, mass, split
+  // partials and scores; per staging slot 3 (blocks, T2 codes, pointers), the scratch 4.
+  const uint64_t allocations = (g.num_layers + 1) + 4 + 3 * (2 + g.num_layers) + 4;
+  return stager + 2 * launch + scores + allocations * kArenaAlignment;
+}
 
 absl::StatusOr<std::unique_ptr<StoreBackends>> MakeCudaStoreBackends(uint64_t arena_bytes,
                                                                      void* stream) {

@@ -20,6 +20,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "core/layout/geometry.h"
+#include "worker/codecs/codec.h"
 #include "worker/store_backends.h"
 
 namespace kvtier::worker::cuda {
@@ -28,6 +30,23 @@ namespace kvtier::worker::cuda {
 // arena's allocation otherwise. `stream` is a cudaStream_t (null = the default stream).
 absl::StatusOr<std::unique_ptr<StoreBackends>> MakeCudaStoreBackends(uint64_t arena_bytes,
                                                                      void* stream);
+
+// The working memory of one CUDA store (docs/cuda.md, "The HBM budget"): its staging slots,
+// resident area, T2 scratch, page tables, attention workspace, split partials and scores come
+// from the device arena with its T0 pages, so arena_bytes (the HBM budget the worker reports)
+// must hold the T0 pages plus StoreWorkingBytes per store.
+struct StoreWorkingShape {
+  layout::KvGeometry geometry;
+  uint32_t num_q_heads = 0;
+  uint64_t max_tokens = 0;      // longest sequence
+  uint64_t staged_pages = 0;    // most T1/T2 pages one layer stages
+  uint64_t resident_pages = 0;  // most pages a schedule keeps resident per layer (0: none)
+  // Stores attending in one launch: the launching store's page tables hold the whole batch's.
+  uint32_t batch = 1;
+  const codecs::Codec* t2_codec = nullptr;  // null: no T2 pool
+};
+// An upper bound of the bytes in use, growth by doubling and the arena's alignment included.
+uint64_t StoreWorkingBytes(const StoreWorkingShape& shape);
 
 }  // namespace kvtier::worker::cuda
 

@@ -73,6 +73,7 @@ absl::StatusOr<DecoderConfig> MakeDecoderConfig(const AttentionShape& shape,
   c.pages_per_sequence =
       geometry.NumPages(uint64_t{options.context_tokens} + options.max_new_tokens);
   c.page_bytes = geometry.PageBytes(0);
+  c.geometry = geometry;
   const uint64_t all_pages = uint64_t{options.batch} * c.pages_per_sequence;
   c.runtime.arena_bytes = all_pages * AlignUp(c.page_bytes);
   // Full mode never offloads; the pools still exist (a local runtime always maps two).

@@ -45,13 +45,15 @@ struct DecoderConfig {
   SequenceOptions sequence;
   uint64_t pages_per_sequence = 0;  // pages of context + max_new tokens
   uint64_t page_bytes = 0;          // one page of every layer (K and V, bf16 or f32)
+  layout::KvGeometry geometry;      // the stores'
 };
 
 // INVALID_ARGUMENT naming the field and its value for a batch outside [1, 1024], a zero
 // context_tokens / max_new_tokens / page_tokens, a context + max_new_tokens past 2^31, a
 // budget the policy refuses (tiering.hbm_ratio 1.5, ...) or a shape the store refuses. The
 // arena holds every page of every sequence (the chain is written into T0 before the first
-// re-tiering moves any of it), the T1 pool every page the policy could offload. In full mode
+// re-tiering moves any of it; the CUDA stores' working memory is added by GpuDecoder, which
+// knows the backend), the T1 pool every page the policy could offload. In full mode
 // the tiering knobs are not read (no budget applies).
 absl::StatusOr<DecoderConfig> MakeDecoderConfig(const AttentionShape& shape,
                                                 const DecoderOptions& options);

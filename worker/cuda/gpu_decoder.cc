@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
 #include "worker/cuda/cublas_status.h"
+#include "worker/cuda/cuda_kv_backend.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/kernels/cuda/model_ops.h"
 
@@ -35,6 +36,18 @@ AttentionShape ShapeOf(const SyntheticModelConfig& m) {
 absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const SyntheticModel& model,
                                                                const DecoderOptions& options) {
   ASSIGN_OR_RETURN(DecoderConfig config, MakeDecoderConfig(ShapeOf(model.config()), options));
+  // The HBM budget holds the stores' working memory too (staging for every page of a
+  // sequence at worst, the batch's attention launch, the T2 scratch of the local T2 pool):
+  // added to the T0 pages.
+  ASSIGN_OR_RETURN(const codecs::Codec* codec, codecs::FindCodec(config.runtime.codec));
+  const StoreWorkingShape working{
+      .geometry = config.geometry,
+      .num_q_heads = model.config().num_q_heads,
+      .max_tokens = uint64_t{options.context_tokens} + options.max_new_tokens,
+      .staged_pages = config.pages_per_sequence,
+      .batch = options.batch,
+      .t2_codec = codec};
+  config.runtime.arena_bytes += uint64_t{options.batch} * StoreWorkingBytes(working);
   std::unique_ptr<GpuDecoder> d(new GpuDecoder(model, options, std::move(config)));
   RETURN_IF_ERROR(d->Init());
   return d;

@@ -40,7 +40,7 @@ struct DecoderStats {
   uint64_t t0_pages = 0;  // pages now in each tier, every sequence together
   uint64_t t1_pages = 0;
   uint64_t evicted_pages = 0;
-  uint64_t arena_bytes = 0;                 // T0 bytes in use (the device arena)
+  uint64_t arena_bytes = 0;  // in use in the device arena: T0 pages and the stores' working memory
   uint64_t t1_pool_bytes = 0;               // host bytes holding T1 pages now
   uint64_t last_step_h2d_bytes = 0;         // staging bytes issued by the last Step()
   uint64_t last_step_copy_calls = 0;        // staging copy calls of the last Step()

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/status/status_macros.h"
 #include "worker/cuda/cuda_status.h"
 
 namespace kvtier::worker::cuda {
@@ -27,6 +28,12 @@ uint64_t LayerStagerOptions::BlockBytes() const {
 }
 uint64_t LayerStagerOptions::CompressedKeyBytes() const {
   return kc::EncodedBytes(codec, kc::Role::kKey, page_tokens, num_kv_heads * head_dim);
+}
+uint64_t LayerStagerOptions::SlotEntryBytes(bool t2) const {
+  return BlockBytes() + (t2 ? ScratchEntryBytes() : 0);
+}
+uint64_t LayerStagerOptions::ScratchEntryBytes() const {
+  return CompressedBlockBytes() + 4 * sizeof(void*);
 }
 uint64_t LayerStagerOptions::CompressedBlockBytes() const {
   return CompressedKeyBytes() +
@@ -68,8 +75,10 @@ absl::Status LayerStager::Init() {
   if (t2_ != nullptr) {
     const uint64_t n = options_.max_offload_batch;
     for (Scratch* sc : {&offload_, &restore_}) {
-      KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&sc->codes, n * options_.CompressedBlockBytes()));
-      KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&sc->ptrs_dev, 4 * n * sizeof(void*)));
+      RETURN_IF_ERROR(
+          device_.Allocate(&sc->codes, n * options_.CompressedBlockBytes(), "T2 scratch"));
+      RETURN_IF_ERROR(
+          device_.Allocate(&sc->ptrs_dev, 4 * n * sizeof(void*), "T2 scratch pointers"));
       KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&sc->ptrs_host, 4 * n * sizeof(void*)));
     }
   }
@@ -77,22 +86,24 @@ absl::Status LayerStager::Init() {
 }
 
 absl::Status LayerStager::AllocateSlot(Slot& slot, uint64_t entries) {
-  KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&slot.blocks, entries * options_.BlockBytes()));
+  RETURN_IF_ERROR(device_.Allocate(&slot.blocks, entries * options_.BlockBytes(), "staging slot"));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
   if (t2_ != nullptr) {
-    KVTIER_CUDA_RETURN_IF_ERROR(
-        DeviceMalloc(&slot.compressed, entries * options_.CompressedBlockBytes()));
-    KVTIER_CUDA_RETURN_IF_ERROR(DeviceMalloc(&slot.ptrs_dev, 4 * entries * sizeof(void*)));
+    RETURN_IF_ERROR(device_.Allocate(&slot.compressed, entries * options_.CompressedBlockBytes(),
+                                     "staging slot's T2 codes"));
+    RETURN_IF_ERROR(
+        device_.Allocate(&slot.ptrs_dev, 4 * entries * sizeof(void*), "staging pointers"));
     KVTIER_CUDA_RETURN_IF_ERROR(PinnedMalloc(&slot.ptrs_host, 4 * entries * sizeof(void*)));
   }
   return absl::OkStatus();
 }
 
+// REQUIRES: no queued copy or launch reads the slot (an arena block is reused at once).
 void LayerStager::FreeSlot(Slot& slot) {
-  cudaFree(slot.blocks);
-  cudaFree(slot.compressed);
-  cudaFree(slot.ptrs_dev);
+  device_.Free(slot.blocks);
+  device_.Free(slot.compressed);
+  device_.Free(slot.ptrs_dev);
   cudaFreeHost(slot.ptrs_host);
   if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
   if (slot.consumed != nullptr) cudaEventDestroy(slot.consumed);
@@ -114,8 +125,8 @@ LayerStager::~LayerStager() {
 }
 
 void LayerStager::FreeScratch(Scratch& s) {
-  cudaFree(s.codes);
-  cudaFree(s.ptrs_dev);
+  device_.Free(s.codes);
+  device_.Free(s.ptrs_dev);
   cudaFreeHost(s.ptrs_host);
   for (const auto& [id, e] : s.batches) cudaEventDestroy(e);
   for (cudaEvent_t e : s.spare) cudaEventDestroy(e);

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "worker/cuda/arena_buffers.h"
 #include "worker/cuda/copy_engine.h"
 #include "worker/cuda/cuda_api.h"
 #include "worker/cuda/pinned_mapping.h"
@@ -46,10 +47,17 @@ struct LayerStagerOptions {
   // T2 format; compressed block = encoded K then encoded V.
   kernels::cuda::CodecKind codec = kernels::cuda::CodecKind::kInt8Kivi;
   uint32_t max_offload_batch = 1024;  // blocks per OffloadCompressed call
+  // Where the slots and the T2 scratch live: the worker's device arena (inside its HBM budget),
+  // or, null, their own cudaMalloc. Not owned; outlives the stager.
+  DeviceArena* arena = nullptr;
 
   uint64_t BlockBytes() const;
   uint64_t CompressedKeyBytes() const;
   uint64_t CompressedBlockBytes() const;
+  // Device bytes of one entry of a staging slot (its block; with a T2 pool also the entry's
+  // codes and dequantization pointers) and of one T2 scratch entry (codes and pointers).
+  uint64_t SlotEntryBytes(bool t2) const;
+  uint64_t ScratchEntryBytes() const;
 };
 
 // Where one staged request lives on the device (valid until the slot's next Prefetch).
@@ -174,6 +182,7 @@ class LayerStager {
   void FreeScratch(Scratch& s);
 
   LayerStagerOptions options_;
+  ArenaBuffers device_{options_.arena};  // destroyed after the destructor drained the streams
   PinnedMapping* t1_;
   PinnedMapping* t2_;
   StagingPlanner planner_;

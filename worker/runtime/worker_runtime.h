@@ -39,7 +39,9 @@ struct RuntimeOptions {
   std::string worker_name = "kvtier-worker";
   // Daemon mode: the CUDA driver library that maps CUDA VMM pools (ClientOptions::cuda_library).
   std::string cuda_library = "libcuda.so.1";
-  uint64_t arena_bytes = 8ull << 30;  // T0 budget (host memory on kHost, HBM on kCuda)
+  // T0 budget: host memory on kHost; on kCuda the HBM of T0 and of every store's working
+  // memory (staging, T2 scratch, launch buffers: cuda::StoreWorkingBytes each).
+  uint64_t arena_bytes = 8ull << 30;
   // kCuda: T0 in HBM, T1/T2 pool memory pinned for DMA, attention and scores on the device;
   // sequences then take device pointers (TieredSequence). Create fails with
   // FAILED_PRECONDITION on a build without CUDA or a machine without a device.

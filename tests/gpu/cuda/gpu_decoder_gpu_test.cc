@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/cuda/gpu_test_util.h"
+#include "worker/cuda/cuda_kv_backend.h"
 #include "worker/cuda/gpu_decoder.h"
 
 namespace kvtier::worker::cuda {
@@ -201,6 +202,32 @@ TEST_P(GpuDecoderGpuTest, StagingIssuesOneDescriptorPerEvenlySpacedRunOfSlots) {
     EXPECT_EQ(tiered.descriptors[s], layers * runs) << "step " << s;
     EXPECT_LE(tiered.calls[s], tiered.descriptors[s]) << "step " << s;
   }
+}
+
+// The stores' working memory is inside the HBM budget the decoder sized: the arena holds the
+// T0 pages and every store's staging slots and T2 scratch, within T0 + batch ×
+// StoreWorkingBytes (the decoder's local runtime always has a T2 pool).
+TEST_P(GpuDecoderGpuTest, WorkingMemoryIsInsideTheHbmBudget) {
+  DecoderOptions o = Options(KvMode::kHierarchy, 0.03, 64);
+  absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*model_, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE((*d)->Step().ok());
+  ASSERT_TRUE((*d)->Sync().ok());
+  const DecoderStats st = (*d)->stats();
+  const DecoderConfig& c = (*d)->config();
+  const uint64_t t0 = st.t0_pages * c.page_bytes;
+  ASSERT_GT(st.t1_pages, 0u);
+  absl::StatusOr<const codecs::Codec*> codec = codecs::FindCodec(c.runtime.codec);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  // Every sequence stages: two slots of at least 64 entries each, and the T2 scratch.
+  EXPECT_GE(st.arena_bytes, t0 + 3 * 2 * 64 * BlockBytes());
+  const StoreWorkingShape shape{.geometry = c.geometry,
+                                .num_q_heads = model_->config().num_q_heads,
+                                .max_tokens = 700 + 8,
+                                .staged_pages = c.pages_per_sequence,
+                                .batch = 3,
+                                .t2_codec = *codec};
+  EXPECT_LE(st.arena_bytes, t0 + 3 * StoreWorkingBytes(shape));
 }
 
 // Pages leave T0 only by the policy's plans: one plan per sequence (after step 0), whose

@@ -27,6 +27,7 @@
 #include "worker/kernels/cuda/paged_attention.h"
 #ifdef KVTIER_CUDA_SIM
 #include "worker/cuda/sim/copy_trace.h"
+#include "worker/cuda/sim/counters.h"
 #endif
 
 namespace kvtier::worker::testing {
@@ -366,6 +367,57 @@ TEST_F(CudaScheduleTest, ResidentPagesStayAndStagePagesFollowTheOrderWithinTheBu
     }
 #endif
   }
+}
+
+// A split decode layer keeps its pinned buffers (the query, the CPU's partial; a ring of two):
+// they grow by doubling, so the steps that add a token re-pin nothing (cudaFreeHost waits for
+// the device). On the simulated device each split Attend's host waits are counted: after the
+// first step every layer makes the same number (the buffer's last upload, the query's download,
+// the page-table ring's; no re-pinning of the buffer each step's first layers take).
+TEST_F(CudaScheduleTest, SplitDecodeStepsKeepTheirPinnedBuffers) {
+  Twin t(Options(1, 4), 77);
+  ASSERT_TRUE(t.ok());
+  ASSERT_NO_FATAL_FAILURE(t.Step(16 * 12 + 1));
+  std::vector<tiering::Move> moves;
+  StageSchedule s;
+  s.resident = {{}};
+  s.stage = {{}};
+  s.in_place = {{}};
+  for (uint32_t p = 0; p < 12; ++p) {
+    moves.push_back({0, p, Tier::kT0, Tier::kT1});
+    s.in_place[0].push_back(p);
+  }
+  s.staging_bytes = StagedPageBytes(t.test(), 0);
+  ASSERT_NO_FATAL_FAILURE(t.Apply(moves));
+  ASSERT_TRUE(t.test().SetSchedule(s).ok());
+  ASSERT_NO_FATAL_FAILURE(t.Step(1, kSplitTolerance));  // pins the buffers
+  const uint64_t splits = t.test().stats().split_attends;
+  const layout::KvGeometry& g = t.test().geometry();
+  const size_t row = g.ValuesPerTokenLayer(), q_row = size_t{kQHeads} * g.head_dim;
+  const uint32_t steps = 8;
+  std::vector<uint64_t> waits;  // per split Attend, after the first step
+  for (uint32_t step = 0; step < steps; ++step) {
+    for (uint32_t layer = 0; layer < kLayers; ++layer) {
+      DeviceTensor k(RandomVector(t.rng(), row)), v(RandomVector(t.rng(), row));
+      DeviceTensor q(RandomVector(t.rng(), q_row)), out{std::vector<float>(q_row)};
+      ASSERT_TRUE(t.test().Append(layer, k.get(), v.get(), 1).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+#ifdef KVTIER_CUDA_SIM
+      const uint64_t before = cudasim::ReadCounters().host_waits;
+#endif
+      const absl::Status a = t.test().Attend(layer, q.get(), 1, out.get(), nullptr);
+      ASSERT_TRUE(a.ok()) << a;
+#ifdef KVTIER_CUDA_SIM
+      if (step > 0) waits.push_back(cudasim::ReadCounters().host_waits - before);
+#endif
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
+  }
+  EXPECT_EQ(t.test().stats().split_attends - splits, uint64_t{steps} * kLayers);
+#ifdef KVTIER_CUDA_SIM
+  ASSERT_EQ(waits.size(), (steps - 1) * kLayers);
+  EXPECT_THAT(waits, ::testing::Each(waits[0]));
+#endif
 }
 
 // A schedule the device cannot follow is refused with the field, value and limit named, issues

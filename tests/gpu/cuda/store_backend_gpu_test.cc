@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "tests/gpu/cuda/gpu_test_util.h"
 #include "tests/unit/worker/store_backend_suite.h"
 #include "worker/cuda/cuda_api.h"
@@ -142,6 +143,116 @@ TEST(CudaSequenceTest, ScoresReachTheHostOncePerRetiering) {
   DeviceTensor q(RandomVector(rng, 576)), out(size_t{576});
   EXPECT_EQ((*seq)->Attend(0, q.get(), 1, out.get(), mass.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Two of SmolLM's layers, f32.
+TieredKvStoreOptions TwoLayers() {
+  TieredKvStoreOptions o;
+  o.geometry = SmolLmGeometry(16);
+  o.geometry.num_layers = 2;
+  o.num_q_heads = 9;
+  return o;
+}
+
+// A store over `backends` (its arena: the HBM budget) and the rig's pools.
+absl::StatusOr<std::unique_ptr<TieredKvStore>> StoreIn(StoreBackends& backends, const Rig& rig,
+                                                       const TieredKvStoreOptions& o) {
+  absl::StatusOr<std::unique_ptr<KvBackend>> backend = backends.MakeBackend(o);
+  if (!backend.ok()) return backend.status();
+  return TieredKvStore::Create(o, {&backends.arena(), rig.ddr.get(), rig.compressed.get()},
+                               *std::move(backend));
+}
+
+// The HBM budget (arena_bytes, what the worker reports) holds each store's working memory:
+// its staging slots and T2 scratch come from the arena with the T0 pages, within
+// StoreWorkingBytes, and a budget without room for them refuses the store, naming the field,
+// its value and the bytes asked, and keeps nothing.
+TEST(CudaHbmBudgetTest, StagingIsCarvedFromTheArenaAndABudgetWithoutRoomRefusesTheStore) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  const TieredKvStoreOptions o = TwoLayers();
+  const uint64_t block = 2ull * 16 * 3 * 64 * 4;  // one layer of one page, f32
+  Rig rig;
+  {
+    auto backends = cuda::MakeCudaStoreBackends(uint64_t{64} << 20, nullptr);
+    ASSERT_TRUE(backends.ok()) << backends.status();
+    DeviceArena& arena = (*backends)->arena();
+    auto store = StoreIn(**backends, rig, o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    // Two staging slots of 64 entries, before any page is written.
+    EXPECT_GE(arena.used_bytes(), 2 * 64 * block);
+    const cuda::StoreWorkingShape shape{.geometry = o.geometry,
+                                        .num_q_heads = 9,
+                                        .max_tokens = 1024,
+                                        .staged_pages = 64,
+                                        .t2_codec = &(*store)->codec()};
+    EXPECT_LE(arena.used_bytes(), cuda::StoreWorkingBytes(shape));
+  }
+  const uint64_t budget = 32 * block;  // T0 room for 16 pages, none for a staging slot
+  auto small = cuda::MakeCudaStoreBackends(budget, nullptr);
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto store = StoreIn(**small, rig, o);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(store.status().message(),
+              ::testing::AllOf(::testing::HasSubstr("staging slot"),
+                               ::testing::HasSubstr(absl::StrCat(64 * block, " bytes")),
+                               ::testing::HasSubstr(absl::StrCat("arena_bytes ", budget))))
+      << store.status();
+  EXPECT_EQ((*small)->arena().used_bytes(), 0u);  // what was taken went back
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// A staging area that must grow past what the budget has left (the arena full of other
+// sequences' T0 pages) fails the Attend with the budget named, issues no copy and leaves no
+// CUDA error behind; once room is back, the same store stages and attends as the full one.
+TEST(CudaHbmBudgetTest, AStagingGrowthTheBudgetRefusesFailsTheAttendWithoutACopy) {
+  KVTIER_SKIP_WITHOUT_GPU();
+  CudaHarness harness;
+  ASSERT_EQ(harness.Unavailable(), "");
+  const TieredKvStoreOptions o = TwoLayers();
+  Rig rig;
+  auto backends = cuda::MakeCudaStoreBackends(uint64_t{16} << 20, nullptr);
+  ASSERT_TRUE(backends.ok()) << backends.status();
+  DeviceArena& arena = (*backends)->arena();
+  auto made = StoreIn(**backends, rig, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  TieredKvStore& test = **made;
+  auto ref = harness.MakeStore(o);  // all in T0
+  ASSERT_NE(ref, nullptr);
+  std::mt19937 rng(5);
+  const uint32_t n = 16 * 70 + 5;  // 71 pages, 70 of them full
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    auto k = RandomVector(rng, n * 192), v = RandomVector(rng, n * 192);
+    ASSERT_TRUE(harness.Append(test, layer, k, v, n).ok());
+    ASSERT_TRUE(harness.Append(*ref, layer, k, v, n).ok());
+  }
+  std::vector<tiering::Move> plan;  // 70 T1 pages a layer: more than the first 64 staging entries
+  for (uint32_t p = 0; p < 70; ++p) plan.push_back({0, p, tiering::Tier::kT0, tiering::Tier::kT1});
+  ASSERT_TRUE(test.ApplyPlanLocal(plan, *rig.slots).ok());
+  // The rest of the budget goes to others: blocks of every size down to the alignment.
+  std::vector<std::pair<uint8_t*, uint64_t>> others;
+  for (uint64_t b = arena.capacity_bytes(); b >= 256; b /= 2) {
+    for (absl::StatusOr<uint8_t*> p = arena.Allocate(b); p.ok(); p = arena.Allocate(b)) {
+      others.emplace_back(*p, b);
+    }
+  }
+  const auto q = RandomVector(rng, 576);
+  std::vector<float> out, want;
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the second finds no staging area at all
+    const absl::Status s = harness.Attend(test, 0, q, 1, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(s.message(), ::testing::AllOf(::testing::HasSubstr("staging slot"),
+                                              ::testing::HasSubstr("arena_bytes 16777216")))
+        << s;
+    EXPECT_EQ(test.stats().staged_h2d_bytes, 0u);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  for (const auto& [p, b] : others) arena.Free(p, b);
+  ASSERT_TRUE(harness.Attend(test, 0, q, 1, &out).ok());
+  ASSERT_TRUE(harness.Attend(*ref, 0, q, 1, &want).ok());
+  EXPECT_GE(test.stats().staged_h2d_bytes, 70u * 2 * 16 * 192 * 4);
+  ASSERT_EQ(out.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * 4));
 }
 
 // bf16 pages on the CUDA backend: the engine's f32 rows are stored rounded to nearest even

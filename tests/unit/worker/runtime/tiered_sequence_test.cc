@@ -143,6 +143,7 @@ TEST(TieredSequenceTest, CompressedPagesCarrySmallBoundedError) {
 }
 
 TEST(TieredSequenceTest, LostMassWeighsCompressedPagesByTheirTrueCodecErrorAndEstimatesEvicted) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   auto full = runtime->Open(Options("full", 1, 0, 0, 16));
   auto compressed = runtime->Open(Options("hierarchy", 0.3, 0, 0.5, 16));
@@ -289,6 +290,7 @@ TEST(TieredSequenceTest, AttendBatchDecodesAsOneAttendPerSequence) {
 // Rollbacks to random lengths (into pages in T1, below the prompt, mid-page): hierarchy at r 0
 // stays bit-identical to full rolled back the same way, and pages leave T0 again afterwards.
 TEST(TieredSequenceTest, TruncateKeepsHierarchyBitIdenticalToFull) {
+  KVTIER_NEEDS_BACKEND();
   std::mt19937 rng(21);
   for (uint32_t page_tokens : {1u, 4u, 16u}) {
     auto runtime = LocalRuntime(page_tokens);
@@ -331,6 +333,7 @@ TEST(TieredSequenceTest, TruncateKeepsHierarchyBitIdenticalToFull) {
 }
 
 TEST(TieredSequenceTest, TruncateDropsPagesInEveryTierAndRefusesSplittingAnEvictedOne) {
+  KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
   {
     auto seq = runtime->Open(Options("hierarchy", 0.3, 0.2, 0.3, 8));
