@@ -2,31 +2,55 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/status/status_macros.h"
 
 namespace kvtier::engine {
+namespace {
+
+// Four floats in a baseline-ISA vector; mul and add per lane (no fused multiply-add), so each
+// lane rounds as a scalar dot product would.
+using Quad = float __attribute__((vector_size(4 * sizeof(float))));
+Quad Load(const float* p) {
+  Quad v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+}  // namespace
 
 HeadProbeCache::HeadProbeCache(const worker::AttentionShape& shape, worker::AttentionCache* inner,
                                uint32_t query_capacity)
     : shape_(shape),
       inner_(inner),
       query_capacity_(query_capacity),
-      keys_(shape.num_layers),
+      key_blocks_(size_t{shape.num_layers} * shape.num_kv_heads),
       dropped_(size_t{shape.num_layers} * shape.num_kv_heads),
       queries_(shape.num_layers),
       query_pos_(shape.num_layers) {}
 
 absl::Status HeadProbeCache::Append(uint32_t layer, const float* k, const float* v, uint32_t n) {
   RETURN_IF_ERROR(inner_->Append(layer, k, v, n));
-  const size_t row = size_t{shape_.num_kv_heads} * shape_.head_dim;
-  keys_[layer].insert(keys_[layer].end(), k, k + n * row);
+  const uint32_t kvh = shape_.num_kv_heads, hd = shape_.head_dim;
+  const uint32_t end = inner_->Length(layer), begin = end - n;
+  const size_t blocks = (end + kLanes - 1) / kLanes;
+  for (uint32_t h = 0; h < kvh; ++h) {
+    std::vector<float>& b = key_blocks_[size_t{layer} * kvh + h];
+    b.resize(blocks * hd * kLanes, 0.f);
+    for (uint32_t p = begin; p < end; ++p) {
+      const float* src = k + (size_t{p - begin} * kvh + h) * hd;
+      float* dst = b.data() + size_t{p / kLanes} * hd * kLanes + p % kLanes;
+      for (uint32_t d = 0; d < hd; ++d) dst[size_t{d} * kLanes] = src[d];
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status HeadProbeCache::Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                                     float* position_mass) {
   RETURN_IF_ERROR(inner_->Attend(layer, q, n, out, position_mass));
+  pristine_ = false;
   KeepQueries(layer, q, n);
   return absl::OkStatus();
 }
@@ -56,6 +80,7 @@ void HeadProbeCache::set_query_capacity(uint32_t capacity) {
 }
 
 void HeadProbeCache::Drop(uint32_t layer, uint32_t kv_head, uint32_t position) {
+  pristine_ = false;
   std::vector<uint8_t>& d = dropped_[size_t{layer} * shape_.num_kv_heads + kv_head];
   if (d.size() <= position) d.resize(position + 1, 0);
   d[position] = 1;
@@ -75,31 +100,49 @@ void HeadProbeCache::Row(uint32_t layer, size_t query, uint32_t head, float* dst
   const uint32_t L = inner_->Length(0), hd = shape_.head_dim;
   const uint32_t kv = head / (shape_.num_q_heads / shape_.num_kv_heads);
   const float* qh = queries_[layer][query].data() + size_t{head} * hd;
-  const uint32_t qpos = query_pos_[layer][query];
-  logits.resize(L);
+  const uint32_t end = std::min(query_pos_[layer][query] + 1, L);
+  const float* blocks = key_blocks_[size_t{layer} * shape_.num_kv_heads + kv].data();
+  logits.resize(size_t{L + kLanes});
+  for (uint32_t b = 0; b * kLanes < end; ++b) {
+    const float* block = blocks + size_t{b} * hd * kLanes;
+    static_assert(kLanes == 8);
+    Quad s0 = {}, s1 = {};  // named, so they stay in registers
+    for (uint32_t d = 0; d < hd; ++d) {
+      const Quad x = {qh[d], qh[d], qh[d], qh[d]};
+      s0 += x * Load(block + size_t{d} * kLanes);
+      s1 += x * Load(block + size_t{d} * kLanes + 4);
+    }
+    const Quad s[2] = {s0 * shape_.scale, s1 * shape_.scale};
+    std::memcpy(logits.data() + size_t{b} * kLanes, s, sizeof(s));
+  }
   double m = -INFINITY;
-  for (uint32_t p = 0; p <= qpos && p < L; ++p) {
-    if (Dropped(layer, kv, p)) continue;
-    const float* k = keys_[layer].data() + (size_t{p} * shape_.num_kv_heads + kv) * hd;
-    float s = 0;
-    for (uint32_t d = 0; d < hd; ++d) s += qh[d] * k[d];
-    logits[p] = s * shape_.scale;
-    m = std::max(m, double{logits[p]});
+  for (uint32_t p = 0; p < end; ++p) {
+    if (!Dropped(layer, kv, p)) m = std::max(m, double{logits[p]});
   }
   double sum = 0;
-  for (uint32_t p = 0; p <= qpos && p < L; ++p) {
+  for (uint32_t p = 0; p < end; ++p) {
     if (Dropped(layer, kv, p)) continue;
     const double e = std::exp(logits[p] - m);
     dst[p] = static_cast<float>(e);
     sum += e;
   }
   if (sum > 0) {
-    for (uint32_t p = 0; p <= qpos && p < L; ++p) dst[p] = static_cast<float>(dst[p] / sum);
+    for (uint32_t p = 0; p < end; ++p) dst[p] = static_cast<float>(dst[p] / sum);
   }
 }
 
 void HeadProbeCache::ComputeRows(uint32_t rows, std::vector<float>& out) const {
   const uint32_t L = inner_->Length(0), H = shape_.num_q_heads;
+  if (Shares() && shared_->rows_length == L && shared_->rows >= rows) {
+    // The last `rows` of the shared rows, per (layer, head).
+    const uint32_t have = shared_->rows;
+    out.resize(size_t{shape_.num_layers} * H * rows * L);
+    for (size_t lh = 0; lh < size_t{shape_.num_layers} * H; ++lh) {
+      std::copy_n(shared_->rows_data.data() + (lh * have + (have - rows)) * L, size_t{rows} * L,
+                  out.data() + lh * rows * L);
+    }
+    return;
+  }
   out.assign(size_t{shape_.num_layers} * H * rows * L, 0.f);
   std::vector<float> logits;
   for (uint32_t l = 0; l < shape_.num_layers; ++l) {
@@ -110,10 +153,20 @@ void HeadProbeCache::ComputeRows(uint32_t rows, std::vector<float>& out) const {
       }
     }
   }
+  if (Shares() && (shared_->rows_length != L || shared_->rows < rows)) {
+    shared_->rows_length = L;
+    shared_->rows = rows;
+    shared_->rows_data = out;
+  }
 }
 
 void HeadProbeCache::ColumnSums(std::vector<float>& out) const {
   const uint32_t L = inner_->Length(0), H = shape_.num_q_heads;
+  const uint32_t nq = stored_queries();
+  if (Shares() && shared_->sums_length == L && shared_->sums_queries == nq) {
+    out = shared_->sums_data;
+    return;
+  }
   out.assign(size_t{shape_.num_layers} * H * L, 0.f);
   std::vector<float> logits, row(L);
   for (uint32_t l = 0; l < shape_.num_layers; ++l) {
@@ -126,6 +179,11 @@ void HeadProbeCache::ColumnSums(std::vector<float>& out) const {
       }
     }
   }
+  if (Shares()) {
+    shared_->sums_length = L;
+    shared_->sums_queries = nq;
+    shared_->sums_data = out;
+  }
 }
 
 void HeadProbeCache::KeysByHead(std::vector<float>& out) const {
@@ -133,9 +191,11 @@ void HeadProbeCache::KeysByHead(std::vector<float>& out) const {
   out.resize(size_t{shape_.num_layers} * kvh * L * hd);
   for (uint32_t l = 0; l < shape_.num_layers; ++l) {
     for (uint32_t h = 0; h < kvh; ++h) {
+      const float* blocks = key_blocks_[size_t{l} * kvh + h].data();
       for (uint32_t p = 0; p < L; ++p) {
-        std::copy_n(keys_[l].data() + (size_t{p} * kvh + h) * hd, hd,
-                    out.data() + ((size_t{l} * kvh + h) * L + p) * hd);
+        const float* src = blocks + size_t{p / kLanes} * hd * kLanes + p % kLanes;
+        float* dst = out.data() + ((size_t{l} * kvh + h) * L + p) * hd;
+        for (uint32_t d = 0; d < hd; ++d) dst[d] = src[size_t{d} * kLanes];
       }
     }
   }
