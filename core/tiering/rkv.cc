@@ -135,10 +135,14 @@ std::vector<double> Redundancy(const RkvInput& in, uint32_t layer, uint32_t kv_h
       blocked[(i / kLanes * hd + d) * kLanes + i % kLanes] = unit[i * hd + d];
     }
   }
+  // sim(i, j) = sim(j, i) bit for bit (the same products summed in the same order): each pair is
+  // computed once, by row min(i, j), and kept for the later row in `lower`.
   std::vector<double> column(n, 0.0), row(blocks * kLanes);
+  std::vector<double> lower(n > 1 ? n * (n - 1) / 2 : 0);  // sim(i, j), j < i, at i(i−1)/2 + j
   for (size_t i = 0; i < n; ++i) {
     const double* ui = unit.data() + i * hd;
-    for (size_t b = 0; b < blocks; ++b) {
+    std::copy_n(lower.data() + i * (i - 1) / 2, i, row.data());  // i = 0: nothing
+    for (size_t b = i / kLanes; b < blocks; ++b) {
       const double* block = blocked.data() + b * hd * kLanes;
       Pair d0 = {}, d1 = {}, d2 = {}, d3 = {};  // named, so they stay in registers
       for (size_t d = 0; d < hd; ++d) {
@@ -150,7 +154,14 @@ std::vector<double> Redundancy(const RkvInput& in, uint32_t layer, uint32_t kv_h
         d3 += x * Load(u + 6);
       }
       const Pair dots[kPairs] = {d0, d1, d2, d3};
-      std::memcpy(row.data() + b * kLanes, dots, sizeof(dots));
+      double lanes[kLanes];
+      std::memcpy(lanes, dots, sizeof(dots));
+      for (size_t v = 0; v < kLanes; ++v) {
+        const size_t j = b * kLanes + v;
+        if (j <= i || j >= n) continue;
+        row[j] = lanes[v];
+        lower[j * (j - 1) / 2 + i] = lanes[v];
+      }
     }
     row[i] = 0;
     size_t last_duplicate = n;
