@@ -40,6 +40,10 @@ class HeadProbeCache final : public worker::AttentionCache {
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
+  // The real cache attends with the model's threads.
+  void SetTaskRunner(worker::kernels::TaskRunner* runner) override {
+    inner_->SetTaskRunner(runner);
+  }
   // A forked prefill (FanOutCache): keeps the queries as Attend does, without attending. Only
   // for an inner cache that keeps nothing from an Attend (the baselines' TieredKvStore on the
   // host, whose scores are the probe's), holding the same K/V, every position live, as the
