@@ -131,6 +131,14 @@ void HeadProbeCache::Row(uint32_t layer, size_t query, uint32_t head, float* dst
   }
 }
 
+void HeadProbeCache::ForEachLayer(const std::function<void(uint32_t)>& f) const {
+  if (runner_ == nullptr || runner_->concurrency() < 2) {
+    for (uint32_t l = 0; l < shape_.num_layers; ++l) f(l);
+    return;
+  }
+  runner_->Run(shape_.num_layers, f);
+}
+
 void HeadProbeCache::ComputeRows(uint32_t rows, std::vector<float>& out) const {
   const uint32_t L = inner_->Length(0), H = shape_.num_q_heads;
   if (Shares() && shared_->rows_length == L && shared_->rows >= rows) {
@@ -144,15 +152,15 @@ void HeadProbeCache::ComputeRows(uint32_t rows, std::vector<float>& out) const {
     return;
   }
   out.assign(size_t{shape_.num_layers} * H * rows * L, 0.f);
-  std::vector<float> logits;
-  for (uint32_t l = 0; l < shape_.num_layers; ++l) {
+  ForEachLayer([&](uint32_t l) {
+    std::vector<float> logits;
     const size_t nq = queries_[l].size();
     for (uint32_t r = 0; r < rows; ++r) {
       for (uint32_t h = 0; h < H; ++h) {
         Row(l, nq - rows + r, h, out.data() + ((size_t{l} * H + h) * rows + r) * L, logits);
       }
     }
-  }
+  });
   if (Shares() && (shared_->rows_length != L || shared_->rows < rows)) {
     shared_->rows_length = L;
     shared_->rows = rows;
@@ -168,8 +176,8 @@ void HeadProbeCache::ColumnSums(std::vector<float>& out) const {
     return;
   }
   out.assign(size_t{shape_.num_layers} * H * L, 0.f);
-  std::vector<float> logits, row(L);
-  for (uint32_t l = 0; l < shape_.num_layers; ++l) {
+  ForEachLayer([&](uint32_t l) {
+    std::vector<float> logits, row(L);
     for (size_t q = 0; q < queries_[l].size(); ++q) {
       for (uint32_t h = 0; h < H; ++h) {
         std::fill(row.begin(), row.end(), 0.f);
@@ -178,7 +186,7 @@ void HeadProbeCache::ColumnSums(std::vector<float>& out) const {
         for (uint32_t p = 0; p < L; ++p) dst[p] += row[p];
       }
     }
-  }
+  });
   if (Shares()) {
     shared_->sums_length = L;
     shared_->sums_queries = nq;

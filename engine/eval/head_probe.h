@@ -14,9 +14,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "worker/attention_cache.h"
+#include "worker/kernels/task_runner.h"
 
 namespace kvtier::engine {
 
@@ -40,9 +42,11 @@ class HeadProbeCache final : public worker::AttentionCache {
   absl::Status Append(uint32_t layer, const float* k, const float* v, uint32_t n) override;
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override;
-  // The real cache attends with the model's threads.
+  // The real cache attends with the model's threads; the probe keeps the last runner given (the
+  // model's pool, which outlives an evaluation item's probes) to compute rows over the layers.
   void SetTaskRunner(worker::kernels::TaskRunner* runner) override {
     inner_->SetTaskRunner(runner);
+    if (runner != nullptr) runner_ = runner;
   }
   // A forked prefill (FanOutCache): keeps the queries as Attend does, without attending. Only
   // for an inner cache that keeps nothing from an Attend (the baselines' TieredKvStore on the
@@ -75,6 +79,8 @@ class HeadProbeCache final : public worker::AttentionCache {
   // and future entries are left as they are).
   void Row(uint32_t layer, size_t query, uint32_t head, float* dst,
            std::vector<float>& logits) const;
+  // f(layer) for every layer, on the runner's threads when there is one (layers are independent).
+  void ForEachLayer(const std::function<void(uint32_t)>& f) const;
   // Whether this probe still holds only the fan-out prefill's state (rows may be shared).
   bool Shares() const { return shared_ != nullptr && pristine_; }
 
@@ -90,6 +96,7 @@ class HeadProbeCache final : public worker::AttentionCache {
   std::vector<std::deque<std::vector<float>>> queries_;  // [layer] oldest first, with position
   std::vector<std::deque<uint32_t>> query_pos_;
   SharedProbeRows* shared_ = nullptr;
+  worker::kernels::TaskRunner* runner_ = nullptr;
   bool pristine_ = true;  // no own Attend, no Drop yet
 };
 

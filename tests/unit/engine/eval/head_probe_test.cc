@@ -4,6 +4,7 @@
 #include <random>
 
 #include "engine/dense_attention_cache.h"
+#include "engine/thread_pool.h"
 #include "gtest/gtest.h"
 
 namespace kvtier::engine {
@@ -86,8 +87,9 @@ TEST(HeadProbeCache, DroppedPositionsGetNoAttentionAndRowsRenormalise) {
 
 // Probes fed one prefill (AttendShared) take rows another computed from SharedProbeRows: the
 // same floats as their own computation; a probe that dropped a position or attended for itself
-// computes its own. Also: the rows are the scalar definition (float dot in order, double softmax)
-// bit for bit, at a head_dim and lengths that are not multiples of the vector width.
+// computes its own; rows computed on two threads are the same. Also: the rows are the scalar
+// definition (float dot in order, double softmax) bit for bit, at a head_dim and lengths that
+// are not multiples of the vector width.
 TEST(HeadProbeCache, SharedRowsAreTheProbesOwnAndStopAtTheFirstDrop) {
   constexpr worker::AttentionShape shape{
       .num_layers = 2, .num_q_heads = 4, .num_kv_heads = 2, .head_dim = 7, .scale = 0.4f};
@@ -97,6 +99,9 @@ TEST(HeadProbeCache, SharedRowsAreTheProbesOwnAndStopAtTheFirstDrop) {
   DenseAttentionCache d1(shape), d2(shape), d3(shape);
   SharedProbeRows shared;
   HeadProbeCache a(shape, &d1, n), b(shape, &d2, n), own(shape, &d3, n);
+  ThreadPool pool(2);
+  own.SetTaskRunner(&pool);  // `own` computes its rows over the layers on two threads
+  own.SetTaskRunner(nullptr);
   a.set_shared_rows(&shared);
   b.set_shared_rows(&shared);
   std::vector<std::vector<float>> keys, queries;
