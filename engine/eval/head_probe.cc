@@ -9,13 +9,65 @@
 namespace kvtier::engine {
 namespace {
 
-// Four floats in a baseline-ISA vector; mul and add per lane (no fused multiply-add), so each
-// lane rounds as a scalar dot product would.
+// logits[p] = scale · q·k_p over `blocks` blocks of 8 positions ([block][d][8]). Each lane sums
+// over d in order with a separate multiply and add (no fused multiply-add), so every logit
+// rounds as a scalar dot product would, on either instruction set.
 using Quad = float __attribute__((vector_size(4 * sizeof(float))));
 Quad Load(const float* p) {
   Quad v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+
+void LogitsSse(const float* q, const float* keys, uint32_t hd, uint32_t blocks, float scale,
+               float* logits) {
+  for (uint32_t b = 0; b < blocks; ++b) {
+    const float* block = keys + size_t{b} * hd * 8;
+    Quad s0 = {}, s1 = {};  // named, so they stay in registers
+    for (uint32_t d = 0; d < hd; ++d) {
+      const Quad x = {q[d], q[d], q[d], q[d]};
+      s0 += x * Load(block + size_t{d} * 8);
+      s1 += x * Load(block + size_t{d} * 8 + 4);
+    }
+    const Quad s[2] = {s0 * scale, s1 * scale};
+    std::memcpy(logits + size_t{b} * 8, s, sizeof(s));
+  }
+}
+
+#if defined(__x86_64__)
+using Oct = float __attribute__((vector_size(8 * sizeof(float))));
+
+// AVX2 without FMA; two blocks at once, so two dependency chains overlap.
+__attribute__((target("avx2"))) void LogitsAvx2(const float* q, const float* keys, uint32_t hd,
+                                                uint32_t blocks, float scale, float* logits) {
+  uint32_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const float* b0 = keys + size_t{b} * hd * 8;
+    const float* b1 = b0 + size_t{hd} * 8;
+    Oct s0 = {}, s1 = {};
+    for (uint32_t d = 0; d < hd; ++d) {
+      Oct k0, k1;
+      std::memcpy(&k0, b0 + size_t{d} * 8, sizeof(k0));
+      std::memcpy(&k1, b1 + size_t{d} * 8, sizeof(k1));
+      s0 += q[d] * k0;
+      s1 += q[d] * k1;
+    }
+    s0 *= scale;
+    s1 *= scale;
+    std::memcpy(logits + size_t{b} * 8, &s0, sizeof(s0));
+    std::memcpy(logits + size_t{b + 1} * 8, &s1, sizeof(s1));
+  }
+  if (b < blocks) LogitsSse(q, keys + size_t{b} * hd * 8, hd, 1, scale, logits + size_t{b} * 8);
+}
+#endif
+
+void Logits(const float* q, const float* keys, uint32_t hd, uint32_t blocks, float scale,
+            float* logits) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return LogitsAvx2(q, keys, hd, blocks, scale, logits);
+#endif
+  LogitsSse(q, keys, hd, blocks, scale, logits);
 }
 
 }  // namespace
@@ -103,25 +155,18 @@ void HeadProbeCache::Row(uint32_t layer, size_t query, uint32_t head, float* dst
   const uint32_t end = std::min(query_pos_[layer][query] + 1, L);
   const float* blocks = key_blocks_[size_t{layer} * shape_.num_kv_heads + kv].data();
   logits.resize(size_t{L + kLanes});
-  for (uint32_t b = 0; b * kLanes < end; ++b) {
-    const float* block = blocks + size_t{b} * hd * kLanes;
-    static_assert(kLanes == 8);
-    Quad s0 = {}, s1 = {};  // named, so they stay in registers
-    for (uint32_t d = 0; d < hd; ++d) {
-      const Quad x = {qh[d], qh[d], qh[d], qh[d]};
-      s0 += x * Load(block + size_t{d} * kLanes);
-      s1 += x * Load(block + size_t{d} * kLanes + 4);
-    }
-    const Quad s[2] = {s0 * shape_.scale, s1 * shape_.scale};
-    std::memcpy(logits.data() + size_t{b} * kLanes, s, sizeof(s));
-  }
+  static_assert(kLanes == 8);
+  Logits(qh, blocks, hd, (end + kLanes - 1) / kLanes, shape_.scale, logits.data());
+  const std::vector<uint8_t>& dropped = dropped_[size_t{layer} * shape_.num_kv_heads + kv];
+  const uint32_t marked = static_cast<uint32_t>(std::min<size_t>(end, dropped.size()));
+  const auto live = [&](uint32_t p) { return p >= marked || dropped[p] == 0; };
   double m = -INFINITY;
   for (uint32_t p = 0; p < end; ++p) {
-    if (!Dropped(layer, kv, p)) m = std::max(m, double{logits[p]});
+    if (live(p)) m = std::max(m, double{logits[p]});
   }
   double sum = 0;
   for (uint32_t p = 0; p < end; ++p) {
-    if (Dropped(layer, kv, p)) continue;
+    if (!live(p)) continue;
     const double e = std::exp(logits[p] - m);
     dst[p] = static_cast<float>(e);
     sum += e;

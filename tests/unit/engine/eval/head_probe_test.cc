@@ -94,7 +94,7 @@ TEST(HeadProbeCache, SharedRowsAreTheProbesOwnAndStopAtTheFirstDrop) {
   constexpr worker::AttentionShape shape{
       .num_layers = 2, .num_q_heads = 4, .num_kv_heads = 2, .head_dim = 7, .scale = 0.4f};
   std::mt19937 rng(5);
-  const uint32_t n = 13, kvd = shape.num_kv_heads * shape.head_dim;
+  const uint32_t n = 21, kvd = shape.num_kv_heads * shape.head_dim;  // 2 blocks of 8 and 5
   const uint32_t qd = shape.num_q_heads * shape.head_dim;
   DenseAttentionCache d1(shape), d2(shape), d3(shape);
   SharedProbeRows shared;
