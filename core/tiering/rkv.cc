@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/status/status_macros.h"
@@ -107,28 +108,65 @@ std::vector<double> Importance(const RkvInput& in, uint32_t layer, uint32_t kv_h
   return out;
 }
 
+// One row's similarities to kLanes positions at once, in baseline-ISA vectors (two doubles),
+// each lane summing over head_dim in order with a separate multiply and add (no fused
+// multiply-add), so each rounds as a scalar dot product would.
+using Pair = double __attribute__((vector_size(2 * sizeof(double))));
+constexpr size_t kPairs = 4, kLanes = 2 * kPairs;
+Pair Load(const double* p) {
+  Pair v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
 // Softmax over the cache of the mean (zeroed-duplicate) cosine similarity.
 std::vector<double> Redundancy(const RkvInput& in, uint32_t layer, uint32_t kv_head,
                                absl::Span<const uint64_t> kept, double threshold) {
-  const size_t n = kept.size();
-  std::vector<std::vector<double>> unit(n, std::vector<double>(in.head_dim));
+  const size_t n = kept.size(), hd = in.head_dim, blocks = (n + kLanes - 1) / kLanes;
+  // Unit keys, row-major and in blocks of kLanes positions ([block][d][lane]).
+  std::vector<double> unit(n * hd), blocked(blocks * hd * kLanes, 0.0);
   for (size_t i = 0; i < n; ++i) {
     const float* k = Key(in, layer, kv_head, kept[i]);
     double norm = 0;
-    for (uint32_t d = 0; d < in.head_dim; ++d) norm += double{k[d]} * k[d];
+    for (uint32_t d = 0; d < hd; ++d) norm += double{k[d]} * k[d];
     norm = std::sqrt(norm) + 1e-8;
-    for (uint32_t d = 0; d < in.head_dim; ++d) unit[i][d] = k[d] / norm;
+    for (uint32_t d = 0; d < hd; ++d) {
+      unit[i * hd + d] = k[d] / norm;
+      blocked[(i / kLanes * hd + d) * kLanes + i % kLanes] = unit[i * hd + d];
+    }
   }
-  std::vector<double> column(n, 0.0), row(n);
+  // sim(i, j) = sim(j, i) bit for bit (the same products summed in the same order): each pair is
+  // computed once, by row min(i, j), and kept for the later row in `lower`.
+  std::vector<double> column(n, 0.0), row(blocks * kLanes);
+  std::vector<double> lower(n > 1 ? n * (n - 1) / 2 : 0);  // sim(i, j), j < i, at i(i−1)/2 + j
   for (size_t i = 0; i < n; ++i) {
+    const double* ui = unit.data() + i * hd;
+    std::copy_n(lower.data() + i * (i - 1) / 2, i, row.data());  // i = 0: nothing
+    for (size_t b = i / kLanes; b < blocks; ++b) {
+      const double* block = blocked.data() + b * hd * kLanes;
+      Pair d0 = {}, d1 = {}, d2 = {}, d3 = {};  // named, so they stay in registers
+      for (size_t d = 0; d < hd; ++d) {
+        const Pair x = {ui[d], ui[d]};
+        const double* u = block + d * kLanes;
+        d0 += x * Load(u);
+        d1 += x * Load(u + 2);
+        d2 += x * Load(u + 4);
+        d3 += x * Load(u + 6);
+      }
+      const Pair dots[kPairs] = {d0, d1, d2, d3};
+      double lanes[kLanes];
+      std::memcpy(lanes, dots, sizeof(dots));
+      for (size_t v = 0; v < kLanes; ++v) {
+        const size_t j = b * kLanes + v;
+        if (j <= i || j >= n) continue;
+        row[j] = lanes[v];
+        lower[j * (j - 1) / 2 + i] = lanes[v];
+      }
+    }
+    row[i] = 0;
     size_t last_duplicate = n;
     for (size_t j = 0; j < n; ++j) {
-      double dot = 0;
-      if (j != i) {
-        for (uint32_t d = 0; d < in.head_dim; ++d) dot += unit[i][d] * unit[j][d];
-      }
-      row[j] = dot;
-      if (j != i && dot > threshold) last_duplicate = j;
+      if (j != i && row[j] > threshold) last_duplicate = j;
     }
     if (last_duplicate < n) row[last_duplicate] = 0;
     for (size_t j = 0; j < n; ++j) column[j] += row[j] / static_cast<double>(n);

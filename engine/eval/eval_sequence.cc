@@ -91,14 +91,16 @@ class MaskSequence final : public EvalSequence {
  public:
   MaskSequence(const EvalConfig& config, const worker::AttentionShape& shape,
                const EvalSequenceOptions& options, uint64_t prompt_tokens,
-               std::unique_ptr<worker::TieredKvStore> store)
+               std::unique_ptr<worker::TieredKvStore> store, SharedProbeRows* shared_rows)
       : config_(config),
         shape_(shape),
         options_(options),
         prompt_(prompt_tokens),
         store_(std::move(store)),
         probe_(shape, store_.get(), QueryCapacity(config.policy, prompt_tokens)),
-        mask_(tiering::KeepMask::AllKept(shape.num_layers, shape.num_kv_heads, 0)) {}
+        mask_(tiering::KeepMask::AllKept(shape.num_layers, shape.num_kv_heads, 0)) {
+    probe_.set_shared_rows(shared_rows);
+  }
 
   absl::Status Init() {
     if (config_.policy == "h2o") {
@@ -277,7 +279,7 @@ class ArkvSequence final : public EvalSequence {
                std::unique_ptr<worker::HostPagePool> ddr,
                std::unique_ptr<worker::HostPagePool> compressed,
                std::unique_ptr<worker::LocalSlotAllocator> slots,
-               std::unique_ptr<worker::TieredKvStore> store)
+               std::unique_ptr<worker::TieredKvStore> store, SharedProbeRows* shared_rows)
       : config_(config),
         shape_(shape),
         options_(options),
@@ -286,7 +288,9 @@ class ArkvSequence final : public EvalSequence {
         compressed_(std::move(compressed)),
         slots_(std::move(slots)),
         store_(std::move(store)),
-        probe_(shape, store_.get(), arkv_.observation_window) {}
+        probe_(shape, store_.get(), arkv_.observation_window) {
+    probe_.set_shared_rows(shared_rows);
+  }
 
   worker::AttentionCache& cache() override { return probe_; }
 
@@ -500,8 +504,8 @@ absl::StatusOr<std::unique_ptr<EvalSequence>> EvalContext::Open(const EvalConfig
       config.policy == "snapkv") {
     store_options.keep_mask = true;
     ASSIGN_OR_RETURN(auto store, worker::TieredKvStore::Create(store_options, {&arena_}));
-    auto seq =
-        std::make_unique<MaskSequence>(config, shape_, options_, prompt_tokens, std::move(store));
+    auto seq = std::make_unique<MaskSequence>(config, shape_, options_, prompt_tokens,
+                                              std::move(store), &shared_rows_);
     RETURN_IF_ERROR(seq->Init());
     return seq;
   }
@@ -516,7 +520,8 @@ absl::StatusOr<std::unique_ptr<EvalSequence>> EvalContext::Open(const EvalConfig
     ASSIGN_OR_RETURN(
         auto store, worker::TieredKvStore::Create(store_options, {&arena_, ddr.get(), comp.get()}));
     return std::make_unique<ArkvSequence>(config, shape_, options_, prompt_tokens, std::move(ddr),
-                                          std::move(comp), std::move(slots), std::move(store));
+                                          std::move(comp), std::move(slots), std::move(store),
+                                          &shared_rows_);
   }
   return absl::InvalidArgumentError(absl::StrCat("policy \"", config.policy, "\" is unknown"));
 }

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/eval/grid.h"
+#include "engine/eval/head_probe.h"
 #include "worker/attention_cache.h"
 #include "worker/device_arena.h"
 #include "worker/runtime/worker_runtime.h"
@@ -61,7 +62,9 @@ struct EvalSequenceOptions {
   bool protect_prompt = true;     // hierarchy: the prompt (from protected_prompt_begin) in T0
 };
 
-// Memory and runtimes shared by the sequences of one evaluation worker. Not thread-safe.
+// Memory and runtimes shared by the sequences of one evaluation worker, and the baselines'
+// rows shared while their probes hold one fan-out prefill (open one context per prompt).
+// Not thread-safe.
 class EvalContext {
  public:
   EvalContext(const worker::AttentionShape& shape, const EvalSequenceOptions& options)
@@ -81,6 +84,7 @@ class EvalContext {
   EvalSequenceOptions options_;
   std::map<std::string, std::unique_ptr<worker::WorkerRuntime>> runtimes_;
   worker::HostArena arena_{64ull << 30};
+  SharedProbeRows shared_rows_;
 };
 
 }  // namespace kvtier::engine

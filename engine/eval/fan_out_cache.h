@@ -5,9 +5,10 @@
 // state forked per configuration): K/V go to all of them; the first one attends and its output
 // feeds the model. A baseline's probe (HeadProbeCache) keeps the queries and skips its store's
 // attention (the store keeps nothing from it; the probe computes the baseline's scores). A
-// runtime sequence (hierarchy) attends for itself, since its scores come from its own
-// attention, and its output is checked bit for bit against the first's; with `verify` every
-// member does.
+// runtime sequence (hierarchy), when the first member is one too, takes the first's position
+// mass for its scores (TieredSequence::AttendShared: every page is in T0 during the prefill, so
+// its own kernel would compute the same). With `verify` every member attends for itself and its
+// output is checked bit for bit against the first's.
 
 #include <algorithm>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "core/status/status_macros.h"
 #include "engine/eval/head_probe.h"
 #include "worker/attention_cache.h"
+#include "worker/runtime/tiered_sequence.h"
 
 namespace kvtier::engine {
 
@@ -31,10 +33,23 @@ class FanOutCache final : public worker::AttentionCache {
   }
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out,
                       float* position_mass) override {
-    RETURN_IF_ERROR(caches_[0]->Attend(layer, q, n, out, position_mass));
+    // The first member's mass, for runtime members to share (its own when the caller has none).
+    const bool first_is_runtime = dynamic_cast<worker::TieredSequence*>(caches_[0]) != nullptr;
+    float* mass = position_mass;
+    if (mass == nullptr && first_is_runtime && !verify_) {
+      mass_.resize(caches_[0]->Length(layer));
+      mass = mass_.data();
+    }
+    RETURN_IF_ERROR(caches_[0]->Attend(layer, q, n, out, mass));
     for (size_t i = 1; i < caches_.size(); ++i) {
       if (auto* probe = dynamic_cast<HeadProbeCache*>(caches_[i]); probe != nullptr && !verify_) {
         probe->AttendShared(layer, q, n);
+        ++shared_;
+        continue;
+      }
+      if (auto* seq = dynamic_cast<worker::TieredSequence*>(caches_[i]);
+          seq != nullptr && first_is_runtime && !verify_) {
+        RETURN_IF_ERROR(seq->AttendShared(layer, n, mass));
         ++shared_;
         continue;
       }
@@ -58,7 +73,7 @@ class FanOutCache final : public worker::AttentionCache {
  private:
   std::vector<worker::AttentionCache*> caches_;
   bool verify_;
-  std::vector<float> scratch_;
+  std::vector<float> scratch_, mass_;
   size_t out_floats_ = 0;
   uint64_t shared_ = 0;
 };

@@ -98,6 +98,24 @@ absl::Status TieredSequence::Attend(uint32_t layer, const float* q, uint32_t n, 
   return absl::OkStatus();
 }
 
+absl::Status TieredSequence::AttendShared(uint32_t layer, uint32_t n, const float* position_mass) {
+  if (layer >= layer_mass_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  if (store_->backend().device_scores()) {
+    return absl::FailedPreconditionError("a shared attention needs host scores");
+  }
+  const tiering::Placement placement = store_->placement();
+  for (tiering::Tier t : placement.tiers) {
+    if (t != tiering::Tier::kT0) {
+      return absl::FailedPreconditionError("a shared attention needs every page in T0");
+    }
+  }
+  layer_mass_[layer].assign(position_mass, position_mass + store_->Length(layer));
+  if (layer + 1 == layer_mass_.size()) return EndForwardPass(n);
+  return absl::OkStatus();
+}
+
 absl::Status TieredSequence::AttendBatch(const std::vector<TieredSequence*>& sequences,
                                          uint32_t layer, const float* q, float* out) {
   std::vector<TieredKvStore*> stores;

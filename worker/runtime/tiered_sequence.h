@@ -94,6 +94,12 @@ class TieredSequence final : public AttentionCache {
   // (TieredKvStore::Attend).
   absl::Status Attend(uint32_t layer, const float* q, uint32_t n, float* out, float* position_mass,
                       const AttendMask& mask, RowStrides q_strides = {});
+  // A forked prefill (the evaluation's FanOutCache): takes the per-position mass that another
+  // sequence's Attend computed over the same K/V instead of attending, then accumulates scores
+  // and ends the pass as Attend does (the caller has that sequence's output). Host scores only,
+  // with every page in T0, where this store's kernel computes exactly that mass:
+  // FAILED_PRECONDITION otherwise, and INVALID_ARGUMENT for a layer out of range.
+  absl::Status AttendShared(uint32_t layer, uint32_t n, const float* position_mass);
   void SetTaskRunner(kernels::TaskRunner* runner) override { store_->SetTaskRunner(runner); }
   // Attend(layer, q_i, 1, out_i, nullptr) for each sequence's decode query, in one batch
   // (TieredKvStore::AttendBatch: one kernel on the CUDA backend); scores, the end of the

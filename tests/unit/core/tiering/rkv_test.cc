@@ -1,5 +1,7 @@
 #include "core/tiering/rkv.h"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "gmock/gmock.h"
@@ -128,6 +130,69 @@ TEST(RkvTest, CompressesOnlyWhenDueAndBackToTheBudget) {
   }
   // Reaches 56 at n = 56, then every 16 steps: 56, 72, 88, 104, 120.
   EXPECT_EQ(compressions, 5);
+}
+
+// The vectorised redundancy is, bit for bit, the scalar definition (unit keys, cosine row with a
+// zero diagonal and the most recent near-duplicate zeroed, mean, softmax), at random sizes that
+// are not multiples of the vector width, with near-duplicate keys, over a subset of positions.
+TEST(RkvTest, RedundancyIsTheScalarDefinitionExactly) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0, 1);
+  for (int trial = 0; trial < 8; ++trial) {
+    const uint32_t dim = 3 + trial * 5, n = 5 + trial * 7;
+    std::vector<float> keys(uint64_t{n} * dim);
+    for (float& k : keys) k = normal(rng);
+    for (uint32_t i = 2; i < n; i += 3) {  // near-duplicates of an earlier key
+      for (uint32_t d = 0; d < dim; ++d)
+        keys[i * dim + d] = keys[(i - 2) * dim + d] + 0.1f * normal(rng);
+    }
+    std::vector<float> attention(n, 1.0f / n);
+    const RkvInput in{.num_layers = 1,
+                      .num_q_heads = 1,
+                      .num_kv_heads = 1,
+                      .head_dim = dim,
+                      .prompt_tokens = 0,
+                      .length = n,
+                      .queries = 1,
+                      .attention = attention,
+                      .keys = keys};
+    std::vector<uint64_t> kept;
+    for (uint64_t j = 0; j < n; ++j) {
+      if (j % 4 != 1) kept.push_back(j);
+    }
+    const size_t m = kept.size();
+    std::vector<std::vector<double>> unit(m, std::vector<double>(dim));
+    for (size_t i = 0; i < m; ++i) {
+      double norm = 0;
+      for (uint32_t d = 0; d < dim; ++d)
+        norm += double{keys[kept[i] * dim + d]} * keys[kept[i] * dim + d];
+      norm = std::sqrt(norm) + 1e-8;
+      for (uint32_t d = 0; d < dim; ++d) unit[i][d] = keys[kept[i] * dim + d] / norm;
+    }
+    std::vector<double> column(m, 0.0), row(m);
+    for (size_t i = 0; i < m; ++i) {
+      size_t last = m;
+      for (size_t j = 0; j < m; ++j) {
+        double dot = 0;
+        if (j != i) {
+          for (uint32_t d = 0; d < dim; ++d) dot += unit[i][d] * unit[j][d];
+        }
+        row[j] = dot;
+        if (j != i && dot > 0.5) last = j;
+      }
+      if (last < m) row[last] = 0;
+      for (size_t j = 0; j < m; ++j) column[j] += row[j] / static_cast<double>(m);
+    }
+    const double top = *std::max_element(column.begin(), column.end());
+    double total = 0;
+    for (double& c : column) total += (c = std::exp(c - top));
+    RkvConfig config;
+    config.lambda = 0;  // score = −redundancy
+    config.alpha = 1;
+    const std::vector<double> score = RkvScores(in, 0, 0, kept, config);
+    ASSERT_EQ(score.size(), m);
+    for (size_t c = 0; c < m; ++c) EXPECT_EQ(score[c], -(column[c] / total)) << trial << " " << c;
+  }
 }
 
 TEST(RkvTest, RejectsBadInput) {

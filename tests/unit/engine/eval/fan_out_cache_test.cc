@@ -46,7 +46,7 @@ struct Set {
   std::vector<std::unique_ptr<EvalSequence>> seqs;
 };
 
-// A prefill whose attention the baselines share (the default) leaves every
+// A prefill whose attention the baselines and the hierarchy share (the default) leaves every
 // configuration in the state its own prefill would: the same outputs, placements and costs
 // over later decode steps with re-tiering, bit for bit, at random prompts.
 TEST(FanOutCache, SharedPrefillEqualsEveryMemberAttendingForItself) {
@@ -79,7 +79,8 @@ TEST(FanOutCache, SharedPrefillEqualsEveryMemberAttendingForItself) {
         EXPECT_EQ(fan.shared(), 0u);
       }
     }
-    EXPECT_EQ(shared_count, 5u * kShape.num_layers);  // the five baselines' probes
+    // The five baselines' probes and the two hierarchy sequences.
+    EXPECT_EQ(shared_count, 7u * kShape.num_layers);
     for (uint32_t step = 0; step < steps; ++step) {
       std::vector<std::vector<float>> kv;
       for (uint32_t l = 0; l < kShape.num_layers; ++l) {

@@ -126,6 +126,24 @@ TEST(TieredSequenceTest, EvictionChangesOutputsAndIsReportedCumulatively) {
   EXPECT_EQ(r.length, 16u + 250u);
 }
 
+// A shared prefill attention (the evaluation's FanOutCache) is taken only while every page is in
+// T0, where the sequence's own kernel would compute the same mass; later it is refused.
+TEST(TieredSequenceTest, AttendSharedIsRefusedOnceAPageLeftT0) {
+  KVTIER_NEEDS_BACKEND();
+  KVTIER_HOST_ONLY("host scores");
+  auto runtime = LocalRuntime(4);
+  auto seq = runtime->Open(Options("hierarchy", 0.3, 0, 0, 16));
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  Decode(**seq, 16, 200, 5);
+  ASSERT_GT((*seq)->Report().offload_bytes, 0u) << "nothing left T0: the test proves nothing";
+  std::vector<float> mass((*seq)->Length(0), 0.f);
+  const absl::Status moved = (*seq)->AttendShared(0, 1, mass.data());
+  EXPECT_EQ(moved.code(), absl::StatusCode::kFailedPrecondition) << moved;
+  EXPECT_NE(moved.message().find("T0"), std::string::npos) << moved;
+  EXPECT_EQ((*seq)->AttendShared(Shape().num_layers, 1, mass.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TieredSequenceTest, CompressedPagesCarrySmallBoundedError) {
   KVTIER_NEEDS_BACKEND();
   auto runtime = LocalRuntime(4);
