@@ -649,7 +649,8 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
         _pending.value = None  # consumed, whether this call attends or is refused
     else:
         pending = None
-    if pending is None and isinstance(kwargs.get("cache"), TieredCache):
+    # Only where cache= is not a parameter (before 5.24) does it reach here unread.
+    if pending is None and CACHE_KEYWORD != "cache" and isinstance(kwargs.get("cache"), TieredCache):
         raise TypeError(
             f"a TieredCache passed as cache= reached the attention unread: transformers "
             f"{transformers.__version__} takes the cache as past_key_values= (cache= from 5.24); "
