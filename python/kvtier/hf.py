@@ -16,7 +16,8 @@ never renumbered: an evicted token keeps its place, so RoPE positions and ``cach
 stay those of the full sequence.
 
 Tested with transformers 5.2 to 5.24 (docs/python.md, "Versions"): pass the cache as
-``**kvtier.hf.cache_kwargs(cache)`` to reach it under the name the installed one reads. One kvtier sequence per batch row: a left-padded batch (what
+``**kvtier.hf.cache_kwargs(cache)`` to reach it under the name the installed one reads.
+One kvtier sequence per batch row: a left-padded batch (what
 ``generate`` builds for prompts of different lengths) stores each row from its first real token.
 ``crop`` rolls back (speculative decoding); beam search is refused before anything is stored.
 CPU tensors; the GPU path is the CUDA backend's.
@@ -44,7 +45,8 @@ from transformers.modeling_utils import PreTrainedModel
 from kvtier import _native
 from kvtier._socket import daemon_from_env
 
-__all__ = ["TieredCache", "kvtier_attention", "ATTN_IMPLEMENTATION", "CACHE_KEYWORD", "cache_kwargs"]
+__all__ = ["TieredCache", "kvtier_attention", "ATTN_IMPLEMENTATION", "CACHE_KEYWORD",
+           "cache_kwargs"]
 
 ATTN_IMPLEMENTATION = "kvtier"
 POLICIES = ("full", "hierarchy", "streaming")
@@ -650,7 +652,8 @@ def kvtier_attention(module, query, key, value, attention_mask, scaling=None, dr
     else:
         pending = None
     # Only where cache= is not a parameter (before 5.24) does it reach here unread.
-    if pending is None and CACHE_KEYWORD != "cache" and isinstance(kwargs.get("cache"), TieredCache):
+    unread = CACHE_KEYWORD != "cache" and isinstance(kwargs.get("cache"), TieredCache)
+    if pending is None and unread:
         raise TypeError(
             f"a TieredCache passed as cache= reached the attention unread: transformers "
             f"{transformers.__version__} takes the cache as past_key_values= (cache= from 5.24); "
